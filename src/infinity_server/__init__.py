@@ -1,0 +1,1 @@
+"""infinity-server: the HTTP edge over model_registry."""

@@ -1,0 +1,91 @@
+"""`infinity-server serve | models`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from model_registry.errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infinity-server", description="A model server for retrieval.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve the configured models (the bundled MiniLM without a config)")
+    serve.add_argument("--config", help="YAML file with 'models' and 'server' (env INFINITY_SERVER_CONFIG)")
+    serve.add_argument("--host", help="address to bind (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, help="port to bind (default 7997)")
+    serve.add_argument("--api-key", dest="api_key", help="require 'Authorization: Bearer KEY'")
+    serve.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, help="largest accepted request body")
+    serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
+    models = commands.add_parser("models", help="list the configured models and where they come from")
+    models.add_argument("--config", help="YAML file with 'models' and 'server'")
+    return parser
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("host", "port", "api_key", "max_body_bytes", "log_level")
+    return {name: getattr(args, name) for name in names}
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    from infinity_server.app import create_app
+    from infinity_server.settings import load_settings
+
+    settings = load_settings(args.config, flags=_flags(args))
+    logging.basicConfig(
+        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = Config()
+    config.bind = [f"{settings.server.host}:{settings.server.port}"]
+    config.graceful_timeout = settings.server.graceful_timeout
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(create_app(settings), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+
+def _models(args: argparse.Namespace) -> None:
+    from infinity_server.settings import load_settings
+
+    settings = load_settings(args.config)
+    for spec in settings.registry.models:
+        kind = spec.kind if isinstance(spec.kind, str) else spec.kind.value
+        print(f"{spec.name}\t{spec.source}\tkind={kind}\tpin={spec.pin}")
+
+
+def _run(coroutine: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coroutine)
+    except ImportError:
+        asyncio.run(coroutine)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            _run(_serve(args))
+        else:
+            _models(args)
+    except ConfigError as error:
+        print(f"infinity-server: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Prometheus metrics, one collector registry per app (no module globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from model_registry import Registry
+from model_registry.worker import BatchStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "infinity_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "infinity_request_seconds",
+            "HTTP request latency",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batches = Counter("infinity_batches", "Batches run", ["model", "outcome"], registry=self.registry)
+        self.batch_items = Counter("infinity_batch_items", "Items run in batches", ["model"], registry=self.registry)
+        self.batch_tokens = Counter("infinity_batch_tokens", "Real tokens run", ["model"], registry=self.registry)
+        self.batch_seconds = Histogram(
+            "infinity_batch_seconds",
+            "Time of one batch's forward pass",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge("infinity_queue_depth", "Items waiting", ["model"], registry=self.registry)
+        self.loaded = Gauge("infinity_model_loaded", "1 when the model is loaded", ["model"], registry=self.registry)
+
+    def on_batch(self, stats: BatchStats) -> None:
+        self.batches.labels(stats.model, "failed" if stats.failed else "ok").inc()
+        self.batch_items.labels(stats.model).inc(stats.items)
+        self.batch_tokens.labels(stats.model).inc(stats.tokens)
+        self.batch_seconds.labels(stats.model).observe(stats.seconds)
+
+    def exposition(self, engine: Registry) -> bytes:
+        for info in engine.infos():
+            self.queue_depth.labels(info.name).set(info.queue_depth)
+            self.loaded.labels(info.name).set(1 if info.state.value == "loaded" else 0)
+        return generate_latest(self.registry)

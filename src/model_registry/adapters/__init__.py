@@ -1,0 +1,49 @@
+"""Adapters, one model family per module, chosen by the model's kind.
+
+Modules that import torch are imported only when a model of their kind is created.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.config import ModelSpec
+from model_registry.errors import ModelUnavailable
+from model_registry.types import Kind
+
+__all__ = ["Adapter", "LoadOptions", "create_adapter"]
+
+#: kind -> "module:class"; each class takes (layout, trust_remote_code).
+FACTORIES: dict[Kind, str] = {
+    Kind.DENSE: "model_registry.adapters.dense:DenseAdapter",
+}
+
+
+def _import(target: str) -> Any:
+    module, _, name = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as error:
+        raise ModelUnavailable(
+            f"the backend for this model is not installed ({error.name}); install the project with its "
+            "'torch' extra: pip install 'infinity-server[torch]'"
+        ) from error
+
+
+def create_adapter(spec: ModelSpec) -> Adapter:
+    """Resolve the source, detect the layout and build the adapter (weights not loaded yet)."""
+    if spec.kind == Kind.FAKE:
+        from model_registry.adapters.fake import FakeAdapter
+
+        return FakeAdapter(spec.options)
+    from model_registry.detect import detect
+    from model_registry.sources import resolve_source
+
+    layout = detect(resolve_source(spec.source, revision=spec.revision), spec)
+    if layout.kind not in FACTORIES:
+        served = ", ".join(sorted(k.value for k in FACTORIES))
+        raise ModelUnavailable(f"models of kind '{layout.kind.value}' are not supported yet; supported: {served}")
+    adapter: Adapter = _import(FACTORIES[layout.kind])(layout, spec.trust_remote_code)
+    return adapter

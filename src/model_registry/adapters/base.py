@@ -1,0 +1,91 @@
+"""The adapter contract: how one model family plugs into the engine.
+
+An adapter is synchronous and batch-shaped; it never sees asyncio or threads. The engine calls it
+in this order, each stage on a thread of its choosing:
+
+1. `prepare(items)` once per request, in a worker pool, as soon as the request arrives: tokenize or
+   decode each item, validate it and price it. Raising `InvalidInput` here fails only that request,
+   before any of its items reach the queue. The cost of each item (tokens for text, patches for
+   images, frames for audio) is known from here on, so the queue can pack batches against
+   `max_batch_tokens` without touching the model.
+2. `collate(prepared)` once per batch: pad and stack into tensors. Cheap; it runs while the
+   previous batch is in `forward`.
+3. `forward(batch)`: the model call, and nothing else.
+4. `postprocess(batch, output)`: one result per prepared item, in the order they were collated.
+
+Items that cannot share a forward pass (a CLIP text tower and image tower, say) carry different
+`Prepared.group` values; the queue never mixes groups in one batch.
+
+A batch costs `len(items) * max(item.cost)` for padded backends: that is what `batch_cost` returns
+by default and what the queue packs against; an unpadded backend would return the sum.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from model_registry.types import Capability, Item, Kind, Prepared, Result
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    device: str
+    dtype: str
+    max_batch_tokens: int
+    threads: int | None = None
+
+
+class Adapter(abc.ABC):
+    """One model family. Subclasses set `kind` and `capabilities` and implement the stages."""
+
+    kind: Kind
+    capabilities: frozenset[Capability]
+    backend: str = "torch"
+
+    #: Longest input in tokens (None where length is not a token count).
+    max_length: int | None = None
+    #: Width of the dense output, when there is one.
+    dimensions: int | None = None
+    #: Named prompts (e.g. "query") and the one used when a request names none.
+    prompts: Mapping[str, str] = {}
+    default_prompt_name: str | None = None
+
+    @abc.abstractmethod
+    def load(self, options: LoadOptions) -> None:
+        """Read weights onto the device. Called once, on a worker thread."""
+
+    @abc.abstractmethod
+    def unload(self) -> None:
+        """Drop every reference to weights and buffers so that memory can come back."""
+
+    @abc.abstractmethod
+    def footprint(self) -> int:
+        """Bytes this model holds on its device while loaded (weights plus working memory)."""
+
+    @abc.abstractmethod
+    def prepare(self, items: Sequence[Item]) -> list[Prepared]:
+        """Tokenize/decode and price every item of one request; `Prepared.index` is its position."""
+
+    @abc.abstractmethod
+    def collate(self, items: Sequence[Prepared]) -> Any:
+        """Pad and stack prepared items into one backend batch."""
+
+    @abc.abstractmethod
+    def forward(self, batch: Any) -> Any:
+        """Run the model on a collated batch."""
+
+    @abc.abstractmethod
+    def postprocess(self, batch: Any, output: Any) -> list[Result]:
+        """One result per collated item, in collation order."""
+
+    def batch_cost(self, count: int, longest: int, total: int) -> int:
+        """What a batch takes from the budget: `count` items, the costliest `longest`, summing to
+        `total`. Padded backends pay for the padding, hence the default."""
+        return count * longest
+
+    def describe(self) -> dict[str, Any]:
+        """Extra facts for `/models` (pooling, prompts, labels...)."""
+        return {}

@@ -1,0 +1,198 @@
+"""Dense text embeddings on torch: transformer -> pooling -> Dense layers -> normalisation.
+
+Reads the sentence-transformers layout (or a plain transformers directory) as `detect` found it,
+so its output equals sentence-transformers `encode` on the same directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.adapters.pooling import exclude_prompt, pool
+from model_registry.adapters.text import TextTokenizer, Tokens
+from model_registry.backends import torch as backend
+from model_registry.detect import DenseLayer, Layout
+from model_registry.errors import InvalidInput, UnsupportedOperation
+from model_registry.types import (
+    Capability,
+    Embedding,
+    EmbedItem,
+    Item,
+    Kind,
+    Output,
+    Prepared,
+    Result,
+    Text,
+    TokenIds,
+)
+
+_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": torch.nn.Identity,
+    "torch.nn.modules.activation.Tanh": torch.nn.Tanh,
+    "torch.nn.modules.activation.ReLU": torch.nn.ReLU,
+    "torch.nn.modules.activation.GELU": torch.nn.GELU,
+    "torch.nn.modules.activation.Sigmoid": torch.nn.Sigmoid,
+}
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    pool_mask: torch.Tensor
+
+
+def load_dense_layer(layer: DenseLayer, device: str, dtype: torch.dtype) -> torch.nn.Sequential:
+    """A sentence-transformers Dense module (linear + activation) from its directory."""
+    if layer.activation not in _ACTIVATIONS:
+        raise UnsupportedOperation(f"Dense activation '{layer.activation}' in {layer.path} is not supported")
+    linear = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
+    if (layer.path / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(layer.path / "model.safetensors"))
+    else:
+        state = torch.load(layer.path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    linear.load_state_dict({k.removeprefix("linear."): v for k, v in state.items()})
+    return torch.nn.Sequential(linear, _ACTIVATIONS[layer.activation]()).to(device=device, dtype=dtype).eval()
+
+
+class TextEncoder(Adapter):
+    """What every transformer text adapter shares: loading, tokenizing, padding, sizes."""
+
+    backend = "torch"
+
+    def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
+        self.layout = layout
+        self.trust_remote_code = trust_remote_code
+        self.prompts = dict(layout.prompts)
+        self.default_prompt_name = layout.default_prompt_name
+        self.model: Any = None
+        self.tokenizer: TextTokenizer | None = None
+        self.device = "cpu"
+        self.dtype = torch.float32
+        self._footprint = 0
+
+    def load_model(self, options: LoadOptions, auto_class: Any) -> None:
+        from transformers import AutoConfig
+
+        self.device = backend.resolve_device(options.device)
+        self.dtype = backend.resolve_dtype(options.dtype, self.device)
+        backend.configure_threads(options.threads)
+        directory = str(self.layout.transformer_dir)
+        config = AutoConfig.from_pretrained(directory, trust_remote_code=self.trust_remote_code)
+        self.tokenizer = TextTokenizer(
+            self.layout.transformer_dir,
+            max_length=self.layout.max_length,
+            config=config,
+            do_lower_case=self.layout.do_lower_case,
+        )
+        self.max_length = self.tokenizer.max_length
+        model = auto_class.from_pretrained(directory, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
+        self.model = model.to(self.device).eval()
+        weights = backend.module_bytes(self.model)
+        working = backend.activation_estimate(config, options.max_batch_tokens, self.max_length, self.dtype)
+        self._footprint = weights + working
+
+    def unload(self) -> None:
+        self.model = None
+        self.tokenizer = None
+        backend.release(self.device)
+
+    def footprint(self) -> int:
+        return self._footprint
+
+    def text_tokens(self, items: Sequence[EmbedItem]) -> list[Tokens]:
+        """Tokenize text and token-id items of one request, prompts prepended."""
+        assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
+        tokens: list[Tokens | None] = [None] * len(items)
+        texts, where = [], []
+        for i, item in enumerate(items):
+            if isinstance(item.content, TokenIds):
+                tokens[i] = Tokens(tuple(self.tokenizer.check_ids(item.content.ids, item.truncate, i)))
+            elif isinstance(item.content, Text):
+                texts.append(item.prompt + item.content.text)
+                where.append(i)
+            else:
+                raise InvalidInput(f"input {i}: this model embeds text only", param="input")
+        encoded = self.tokenizer.encode(texts, [items[i].truncate for i in where])
+        for i, ids in zip(where, encoded, strict=True):
+            prompt = items[i].prompt
+            prompt_tokens = self.tokenizer.prompt_length(prompt) if prompt and not self.layout.include_prompt else 0
+            tokens[i] = Tokens(tuple(ids), prompt_tokens)
+        return [t for t in tokens if t is not None]
+
+    def text_batch(self, items: Sequence[Prepared]) -> TextBatch:
+        assert self.tokenizer is not None, "This is a bug: collate() called before load()"
+        padded = self.tokenizer.pad([p.data.ids for p in items])
+        ids = torch.from_numpy(padded.input_ids).to(self.device)
+        attention = torch.from_numpy(padded.attention_mask).to(self.device)
+        prompt = torch.tensor([p.data.prompt_tokens for p in items], device=self.device)
+        return TextBatch(ids, attention, exclude_prompt(attention, prompt))
+
+
+class DenseAdapter(TextEncoder):
+    kind = Kind.DENSE
+    capabilities = frozenset({Capability.EMBED_TEXT})
+
+    def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
+        super().__init__(layout, trust_remote_code)
+        self.head: list[torch.nn.Module] = []
+
+    def load(self, options: LoadOptions) -> None:
+        from transformers import AutoModel
+
+        self.load_model(options, AutoModel)
+        self.head = [load_dense_layer(layer, self.device, self.dtype) for layer in self.layout.dense_layers]
+        hidden = int(getattr(self.model.config, "hidden_size", 0))
+        self.dimensions = self.layout.dense_layers[-1].out_features if self.layout.dense_layers else hidden
+        self._footprint += sum(backend.module_bytes(m) for m in self.head)
+
+    def unload(self) -> None:
+        self.head = []
+        super().unload()
+
+    def prepare(self, items: Sequence[Item]) -> list[Prepared]:
+        embed_items = [self._check(i, item) for i, item in enumerate(items)]
+        tokens = self.text_tokens(embed_items)
+        return [Prepared(i, len(t.ids), len(t.ids), t) for i, t in enumerate(tokens)]
+
+    def _check(self, index: int, item: Item) -> EmbedItem:
+        if not isinstance(item, EmbedItem):
+            raise UnsupportedOperation(f"a dense embedding model cannot take {type(item).__name__}")
+        if item.outputs - {Output.DENSE}:
+            asked = ", ".join(sorted(o.value for o in item.outputs))
+            raise UnsupportedOperation(f"this model produces dense vectors only, not {asked}", param="outputs")
+        return item
+
+    def collate(self, items: Sequence[Prepared]) -> TextBatch:
+        return self.text_batch(items)
+
+    def forward(self, batch: TextBatch) -> torch.Tensor:
+        with torch.inference_mode():
+            output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            states = output[0]
+            vectors = pool(states, batch.pool_mask, batch.attention_mask, self.layout.pooling)
+            for module in self.head:
+                vectors = module(vectors.to(self.dtype)).float()
+            if self.layout.normalize:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+            return vectors.float().cpu()
+
+    def postprocess(self, batch: TextBatch, output: torch.Tensor) -> list[Result]:
+        array = np.ascontiguousarray(output.numpy(), dtype=np.float32)
+        return [Embedding(dense=row) for row in array]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "pooling": self.layout.pooling,
+            "normalize": self.layout.normalize,
+            "prompts": sorted(self.layout.prompts),
+            "default_prompt_name": self.layout.default_prompt_name,
+        }

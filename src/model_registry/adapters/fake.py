@@ -1,0 +1,86 @@
+"""A real, registered adapter with no weights, for tests and demos of the serving machinery.
+
+Each word is a token. The vector of a text is a deterministic function of its words, so results
+can be checked exactly. Options (the model entry's `options`):
+- `dimensions` (8): vector width;
+- `delay` (0.0): seconds each batch's forward takes;
+- `fail_on` (none): a word that makes the whole batch holding it raise in `forward`;
+- `max_length` (512): longest input in words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.errors import InputTooLong, InvalidInput, UnsupportedOperation
+from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Output, Prepared, Result, Text
+
+
+def fake_vector(text: str, dimensions: int) -> np.ndarray:
+    """The unit vector the fake model gives `text`: seeded by a hash of its words."""
+    seed = int.from_bytes(hashlib.sha256(" ".join(text.split()).encode()).digest()[:8], "little")
+    vector = np.random.default_rng(seed).standard_normal(dimensions).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+class FakeAdapter(Adapter):
+    kind = Kind.FAKE
+    capabilities = frozenset({Capability.EMBED_TEXT})
+    backend = "fake"
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.width = int(options.get("dimensions", 8))
+        self.dimensions = self.width
+        self.delay = float(options.get("delay", 0.0))
+        self.fail_on = options.get("fail_on")
+        self.limit = int(options.get("max_length", 512))
+        self.max_length = self.limit
+        self.batches: list[int] = []
+        self.loaded = False
+
+    def load(self, options: LoadOptions) -> None:
+        self.loaded = True
+
+    def unload(self) -> None:
+        self.loaded = False
+
+    def footprint(self) -> int:
+        return 4 * self.width
+
+    def prepare(self, items: Sequence[Item]) -> list[Prepared]:
+        prepared = []
+        for i, item in enumerate(items):
+            if not isinstance(item, EmbedItem) or not isinstance(item.content, Text):
+                raise InvalidInput(f"input {i}: the fake model embeds text only", param="input")
+            if item.outputs != {Output.DENSE}:
+                raise UnsupportedOperation("the fake model produces dense vectors only", param="outputs")
+            words = (item.prompt + item.content.text).split()
+            if len(words) > self.limit:
+                if not item.truncate:
+                    raise InputTooLong(
+                        f"input {i} has {len(words)} tokens, more than the model's limit of {self.limit}",
+                        param="input",
+                    )
+                words = words[: self.limit]
+            prepared.append(Prepared(i, max(1, len(words)), len(words), " ".join(words)))
+        return prepared
+
+    def collate(self, items: Sequence[Prepared]) -> list[str]:
+        return [str(p.data) for p in items]
+
+    def forward(self, batch: list[str]) -> list[np.ndarray]:
+        self.batches.append(len(batch))
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail_on is not None and any(self.fail_on in text.split() for text in batch):
+            raise RuntimeError(f"injected failure: a batch held '{self.fail_on}'")
+        return [fake_vector(text, self.width) for text in batch]
+
+    def postprocess(self, batch: list[str], output: list[np.ndarray]) -> list[Result]:
+        return [Embedding(dense=vector) for vector in output]

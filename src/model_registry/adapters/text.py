@@ -1,0 +1,121 @@
+"""Tokenizing and padding shared by every text adapter.
+
+Tokenization happens once, in `prepare`: the token count is the item's cost and its usage, and an
+over-long input with truncation off is rejected there, naming its index, the limit and its length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model_registry.errors import InputTooLong, InvalidInput
+
+_UNBOUNDED = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """One tokenized item: its ids and how many leading tokens are prompt (for pooling)."""
+
+    ids: tuple[int, ...]
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Padded:
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    left: bool
+
+
+class TextTokenizer:
+    """A Hugging Face fast tokenizer with the model's length limit and padding side."""
+
+    def __init__(self, directory: Path, *, max_length: int | None, config: Any, do_lower_case: bool = False) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        limits = [max_length] if max_length else []
+        if not limits:
+            model_max = getattr(self.tokenizer, "model_max_length", None)
+            positions = getattr(config, "max_position_embeddings", None)
+            limits = [n for n in (model_max, positions) if isinstance(n, int) and 0 < n < _UNBOUNDED]
+        self.max_length = min(limits) if limits else 512
+        self.do_lower_case = do_lower_case
+        self.left_padding = self.tokenizer.padding_side == "left"
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        self.pad_id = int(pad)
+        self.vocab_size = len(self.tokenizer)
+        self._special = set(self.tokenizer.all_special_ids)
+        self._prompt_lengths: dict[str, int] = {}
+
+    def prompt_length(self, prompt: str) -> int:
+        """Tokens of `prompt` as a prefix, without a trailing special token (as sentence-transformers)."""
+        if prompt not in self._prompt_lengths:
+            ids = self.tokenizer(prompt)["input_ids"]
+            length = len(ids) - (1 if ids and ids[-1] in self._special else 0)
+            self._prompt_lengths[prompt] = length
+        return self._prompt_lengths[prompt]
+
+    def encode(self, texts: Sequence[str], truncate: Sequence[bool], *, offset: int = 0) -> list[list[int]]:
+        """Token ids per text; too long with truncation off is `InputTooLong` naming the index."""
+        if self.do_lower_case:
+            texts = [t.lower() for t in texts]
+        limit = self.max_length
+        encoded: list[list[int]] = self.tokenizer(
+            list(texts), truncation=True, max_length=limit, return_attention_mask=False
+        )["input_ids"]
+        for i, (ids, cut) in enumerate(zip(encoded, truncate, strict=True)):
+            if not cut and len(ids) >= limit:
+                full = len(self.tokenizer(texts[i], return_attention_mask=False)["input_ids"])
+                if full > limit:
+                    raise InputTooLong(
+                        f"input {offset + i} has {full} tokens, more than the model's limit of {limit}; "
+                        "shorten it or allow truncation",
+                        param="input",
+                    )
+        return encoded
+
+    def check_ids(self, ids: Sequence[int], truncate: bool, index: int) -> list[int]:
+        """Client-given token ids: in the vocabulary, within the limit (or truncated)."""
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidInput(
+                f"input {index} has token id {bad}, outside the vocabulary [0, {self.vocab_size})", param="input"
+            )
+        if len(ids) > self.max_length:
+            if not truncate:
+                raise InputTooLong(
+                    f"input {index} has {len(ids)} tokens, more than the model's limit of {self.max_length}",
+                    param="input",
+                )
+            ids = ids[: self.max_length]
+        return list(ids)
+
+    def pad(self, sequences: Sequence[Sequence[int]]) -> Padded:
+        return pad(sequences, self.pad_id, left=self.left_padding)
+
+
+def pad(sequences: Sequence[Sequence[int]], pad_id: int, *, left: bool) -> Padded:
+    """Pad to the longest sequence on the given side; the mask marks real tokens."""
+    longest = max((len(s) for s in sequences), default=0)
+    ids = np.full((len(sequences), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(sequences), longest), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        n = len(seq)
+        if n == 0:
+            continue
+        if left:
+            ids[row, longest - n :] = seq
+            mask[row, longest - n :] = 1
+        else:
+            ids[row, :n] = seq
+            mask[row, :n] = 1
+    return Padded(ids, mask, left)

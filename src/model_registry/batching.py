@@ -1,0 +1,278 @@
+"""The per-model queue: requests in, cost-packed batches out.
+
+One owner per queue and a tiny API: `put` (from the event loop), `next_batch` / `requeue` /
+`outranks` (from the model's worker threads). Thread-safe.
+
+How a batch is chosen, each time the worker asks for one:
+1. Items of cancelled or expired requests are dropped (expired requests fail with
+   `DeadlineExceeded`), so no compute is spent on a client that has gone.
+2. Requests are ranked by priority (higher first), then by arrival. The oldest item of the top
+   request is the *head*: the next batch always contains it, so nothing starves.
+3. A window of the head's priority class and group (up to `window` batches' worth of cost,
+   oldest requests first) is sorted by cost and cut into batches that fit `max_batch_tokens`
+   with padding counted; the batch holding the head is returned.
+
+A small request (at most `small_request_items` items) ranks above bulk ones unless the caller set a
+priority, and batches never mix priority classes: a single search query waits for the batch in
+flight, then runs in a batch of its own kind instead of behind a bulk backlog.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import count
+
+from model_registry.errors import DeadlineExceeded, Overloaded, RegistryError
+from model_registry.types import Prepared, Result
+
+_sequence = count()
+
+
+@dataclass(eq=False)
+class Request:
+    """One caller's call: its prepared items and where their results go.
+
+    `on_done` is called exactly once, from whichever thread finishes the request, with the request
+    itself; `error` is set when it failed.
+    """
+
+    prepared: Sequence[Prepared]
+    priority: int
+    deadline: float
+    on_done: Callable[[Request], None]
+    seq: int = field(default_factory=lambda: next(_sequence))
+    results: list[Result | None] = field(init=False)
+    error: Exception | None = None
+    remaining: int = field(init=False)
+    cancelled: bool = False
+    _finished: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.prepared)
+        self.remaining = len(self.prepared)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def deliver(self, index: int, result: Result) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self.results[index] = result
+            self.remaining -= 1
+            done = self.remaining == 0
+            self._finished = done
+        if done:
+            self.on_done(self)
+
+    def fail(self, error: Exception) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self.error = error
+            self._finished = True
+        self.on_done(self)
+
+    def cancel(self) -> None:
+        """Called by the caller's side; pending items are dropped at the next batch."""
+        self.cancelled = True
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    request: Request
+    prepared: Prepared
+
+
+@dataclass(frozen=True)
+class Batch:
+    entries: tuple[Entry, ...]
+    cost: int
+    priority: int
+    group: str
+
+    def live(self) -> bool:
+        return all(not e.request.cancelled and not e.request.finished for e in self.entries)
+
+
+class BatchQueue:
+    def __init__(
+        self,
+        *,
+        max_batch_tokens: int,
+        max_items: int,
+        batch_cost: Callable[[int, int, int], int],
+        small_request_items: int = 8,
+        window: int = 4,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_batch_tokens = max_batch_tokens
+        self.max_items = max_items
+        self.small_request_items = small_request_items
+        self._batch_cost = batch_cost
+        self._window = window
+        self._clock = clock
+        self._pending: dict[Request, deque[Entry]] = {}
+        self._count = 0
+        self._pending_cost = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._rate = 0.0  # cost units per second, smoothed; for Retry-After
+
+    # ---- the event loop's side -----------------------------------------------------------------
+
+    def priority_for(self, n_items: int, requested: int | None) -> int:
+        if requested is not None:
+            return requested
+        return 1 if n_items <= self.small_request_items else 0
+
+    def put(self, request: Request) -> None:
+        """Enqueue every item of `request`, or none: a full queue raises `Overloaded`."""
+        entries = deque(Entry(request, p) for p in request.prepared)
+        with self._cond:
+            if self._closed:
+                raise RegistryError("the model is shutting down")
+            if self._count + len(entries) > self.max_items:
+                raise Overloaded(
+                    f"the model's queue is full ({self._count} items waiting, limit {self.max_items})",
+                    retry_after=self._retry_after(),
+                )
+            if entries:
+                self._pending[request] = entries
+                self._count += len(entries)
+                self._pending_cost += sum(e.prepared.cost for e in entries)
+                self._cond.notify_all()
+
+    @property
+    def depth(self) -> int:
+        """Items waiting (not yet taken into a batch)."""
+        return self._count
+
+    def close(self) -> list[Request]:
+        """Stop accepting work; returns the requests that still had items waiting."""
+        with self._cond:
+            self._closed = True
+            waiting = list(self._pending)
+            self._pending.clear()
+            self._count = self._pending_cost = 0
+            self._cond.notify_all()
+        return waiting
+
+    # ---- the worker's side ---------------------------------------------------------------------
+
+    def next_batch(self, timeout: float | None = None) -> Batch | None:
+        """The next batch, waiting up to `timeout` seconds for work; None on timeout or close."""
+        deadline = None if timeout is None else self._clock() + timeout
+        batch: Batch | None = None
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                expired = self._purge()
+                if self._pending:
+                    batch = self._take()
+                    break
+                remaining = None if deadline is None else deadline - self._clock()
+                if remaining is not None and remaining <= 0:
+                    batch = None
+                    break
+                self._cond.wait(remaining)
+        for request in expired:
+            request.fail(DeadlineExceeded("the request's deadline passed while it waited in the queue"))
+        return batch
+
+    def requeue(self, entries: Sequence[Entry]) -> None:
+        """Put taken entries back at the front of their requests (order kept)."""
+        with self._cond:
+            for entry in reversed(entries):
+                if entry.request.cancelled or entry.request.finished:
+                    continue
+                self._pending.setdefault(entry.request, deque()).appendleft(entry)
+                self._count += 1
+                self._pending_cost += entry.prepared.cost
+            # Keep arrival order among requests after re-inserting.
+            self._pending = dict(sorted(self._pending.items(), key=lambda kv: kv[0].seq))
+            self._cond.notify_all()
+
+    def outranks(self, batch: Batch) -> bool:
+        """Whether live work of a higher priority than `batch` is waiting."""
+        with self._cond:
+            return any(r.priority > batch.priority and not r.cancelled for r in self._pending)
+
+    def record(self, cost: int, seconds: float) -> None:
+        """Feed the throughput estimate behind Retry-After."""
+        if seconds > 0:
+            rate = cost / seconds
+            self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+
+    # ---- internals (lock held) -----------------------------------------------------------------
+
+    def _retry_after(self) -> float:
+        if self._rate <= 0:
+            return 1.0
+        return float(max(1, math.ceil(self._pending_cost / self._rate)))
+
+    def _drop(self, request: Request) -> None:
+        entries = self._pending.pop(request)
+        self._count -= len(entries)
+        self._pending_cost -= sum(e.prepared.cost for e in entries)
+
+    def _purge(self) -> list[Request]:
+        now, expired = self._clock(), []
+        for request in list(self._pending):
+            if request.cancelled or request.finished:
+                self._drop(request)
+            elif request.deadline <= now:
+                self._drop(request)
+                expired.append(request)
+        return expired
+
+    def _take(self) -> Batch:
+        ranked = sorted(self._pending, key=lambda r: (-r.priority, r.seq))
+        head = self._pending[ranked[0]][0]
+        priority, group = ranked[0].priority, head.prepared.group
+        window: list[Entry] = []
+        budget = self._window * self.max_batch_tokens
+        for request in ranked:
+            if request.priority != priority or budget <= 0:
+                break
+            for entry in self._pending[request]:
+                if entry.prepared.group == group:
+                    window.append(entry)
+                    budget -= entry.prepared.cost
+        window.sort(key=lambda e: e.prepared.cost)
+        chosen = self._cut(window, head)
+        taken = set(map(id, chosen))
+        for request in {e.request for e in chosen}:
+            kept = deque(e for e in self._pending[request] if id(e) not in taken)
+            self._count -= len(self._pending[request]) - len(kept)
+            if kept:
+                self._pending[request] = kept
+            else:
+                del self._pending[request]
+        self._pending_cost -= sum(e.prepared.cost for e in chosen)
+        costs = [e.prepared.cost for e in chosen]
+        return Batch(tuple(chosen), self._batch_cost(len(costs), max(costs), sum(costs)), priority, group)
+
+    def _cut(self, window: list[Entry], head: Entry) -> list[Entry]:
+        """Cut the cost-sorted window into budget-sized runs; return the run holding `head`."""
+        run: list[Entry] = []
+        longest = total = 0
+        holds_head = False
+        for entry in window:
+            cost = entry.prepared.cost
+            if run and self._batch_cost(len(run) + 1, max(longest, cost), total + cost) > self.max_batch_tokens:
+                if holds_head:
+                    return run
+                run, longest, total = [], 0, 0
+            run.append(entry)
+            longest, total = max(longest, cost), total + cost
+            holds_head = holds_head or entry is head
+        return run

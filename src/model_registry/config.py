@@ -1,0 +1,172 @@
+"""Model entries from YAML (or dicts) -> validated, frozen specs.
+
+Every mistake is reported with the key's path, the value given and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from model_registry.errors import ConfigError
+from model_registry.types import Kind
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
+_BUDGET = re.compile(r"^\s*(\d+(\.\d+)?)\s*(%|b|kb|mb|gb|kib|mib|gib|tib)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+Pooling = Literal["cls", "mean", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Frozen):
+    """One served model. Only `name` and `source` are required; the rest is detected or defaulted."""
+
+    name: str = Field(min_length=1, max_length=200)
+    source: str = Field(min_length=1)
+    kind: Kind | Literal["auto"] = "auto"
+    backend: Literal["torch"] = "torch"
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    pin: bool = False
+    revision: str | None = None
+    max_batch_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_queued_items: int = Field(default=8192, ge=1)
+    truncate: bool = True
+    max_length: int | None = Field(default=None, ge=1)
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+    prompts: dict[str, str] | None = None
+    default_prompt_name: str | None = None
+    query_prompt_name: str | None = None
+    trust_remote_code: bool = False
+    keep_alive: float | None = Field(default=None, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value.strip() != value or "\n" in value:
+            raise ValueError("a model name cannot start or end with white space")
+        return value
+
+
+class RegistryConfig(_Frozen):
+    """Everything the registry needs: the models and the limits that apply to all of them."""
+
+    models: tuple[ModelSpec, ...] = ()
+    memory_budget: str | int = "90%"
+    request_timeout: float = Field(default=120.0, gt=0)
+    load_timeout: float = Field(default=600.0, gt=0)
+    max_inputs_per_request: int = Field(default=2048, ge=1)
+    max_input_chars: int = Field(default=100_000, ge=1)
+    prepare_threads: int = Field(default=2, ge=1, le=64)
+    small_request_items: int = Field(default=8, ge=0)
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget(cls, value: str | int) -> str | int:
+        parse_budget(value, total=1)
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> RegistryConfig:
+        seen: set[str] = set()
+        for spec in self.models:
+            if spec.name in seen:
+                raise ValueError(f"two models are named '{spec.name}'; names must be unique")
+            seen.add(spec.name)
+        return self
+
+
+def parse_budget(value: str | int, *, total: int) -> int:
+    """'90%' of `total`, '8GiB', '500MB' or a plain byte count -> bytes."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("a byte budget must be positive")
+        return value
+    match = _BUDGET.match(value)
+    if not match:
+        raise ValueError("expected a percentage like '90%', a size like '8GiB' or '500MB', or bytes")
+    number, unit = float(match.group(1)), (match.group(3) or "b").lower()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise ValueError("a percentage budget must be in (0, 100]")
+        return int(total * number / 100)
+    return int(number * _UNITS[unit])
+
+
+def format_validation_error(error: ValidationError, *, prefix: str = "") -> str:
+    """One line per problem: where, what was given, what is accepted."""
+    lines = []
+    for problem in error.errors():
+        where = ".".join(str(part) for part in (prefix, *problem["loc"]) if part != "")
+        given = problem.get("input")
+        shown = repr(given) if not isinstance(given, Mapping) else "a mapping"
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{where or '(top level)'}: {message} (got {shown})")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def registry_config(data: Mapping[str, Any]) -> RegistryConfig:
+    """Validate a mapping (the registry part of a configuration file) into a `RegistryConfig`."""
+    try:
+        return RegistryConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A configuration file as a mapping; an unreadable or non-mapping file is a `ConfigError`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read the configuration file '{path}': {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"the configuration file '{path}' is not valid YAML: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"the configuration file '{path}' must be a mapping with 'models' and 'server' keys")
+    return data
+
+
+def load_config(path: str | Path) -> RegistryConfig:
+    """The registry part of a YAML file: `models` plus the registry limits under `registry`."""
+    data = read_yaml(path)
+    unknown = set(data) - {"models", "server", "registry"}
+    if unknown:
+        raise ConfigError(
+            f"invalid configuration: unknown top-level key(s) {sorted(unknown)}; accepted: models, server, registry"
+        )
+    merged = dict(data.get("registry") or {})
+    merged["models"] = data.get("models") or []
+    return registry_config(merged)

@@ -1,0 +1,179 @@
+"""What a model directory is, read from its own files (no weights are loaded here).
+
+sentence-transformers layout: `modules.json` lists the modules (Transformer, Pooling, Dense,
+Normalize); `sentence_bert_config.json` holds max_seq_length and do_lower_case;
+`config_sentence_transformers.json` holds prompts and the default prompt name.
+Plain transformers directories are recognised by `config.json`'s architectures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_registry.config import ModelSpec
+from model_registry.errors import ModelUnavailable
+from model_registry.types import Kind
+
+_DECODER_TYPES = {
+    "qwen2",
+    "qwen3",
+    "llama",
+    "mistral",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "gpt2",
+    "gpt_neox",
+    "falcon",
+    "stablelm",
+    "olmo",
+    "olmo2",
+}
+_ST_TRANSFORMER = "sentence_transformers.models.Transformer"
+_ST_POOLING = "sentence_transformers.models.Pooling"
+_ST_DENSE = "sentence_transformers.models.Dense"
+_ST_NORMALIZE = "sentence_transformers.models.Normalize"
+_LEGACY_POOLING = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    path: Path
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything detection learns about a directory; config overrides are already applied."""
+
+    root: Path
+    kind: Kind
+    transformer_dir: Path
+    model_type: str
+    architectures: tuple[str, ...]
+    pooling: str = "mean"
+    include_prompt: bool = True
+    normalize: bool = False
+    max_length: int | None = None
+    do_lower_case: bool = False
+    dense_layers: tuple[DenseLayer, ...] = ()
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    query_prompt_name: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    modules: tuple[str, ...] = ()
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        raise ModelUnavailable(f"cannot read {path.name} in {path.parent}: {error}") from error
+    if not isinstance(data, dict):
+        raise ModelUnavailable(f"{path} is not a JSON object")
+    return data
+
+
+def _pooling_from_config(config: dict[str, Any]) -> tuple[str, bool]:
+    mode = config.get("pooling_mode")
+    if isinstance(mode, list):
+        mode = mode[0] if len(mode) == 1 else None
+    if mode is None:
+        active = [name for key, name in _LEGACY_POOLING.items() if config.get(key)]
+        if len(active) > 1:
+            raise ModelUnavailable(f"combined pooling modes {active} are not supported")
+        mode = active[0] if active else "mean"
+    return str(mode), bool(config.get("include_prompt", True))
+
+
+def _dense_layer(path: Path) -> DenseLayer:
+    config = read_json(path / "config.json")
+    try:
+        return DenseLayer(
+            path=path,
+            in_features=int(config["in_features"]),
+            out_features=int(config["out_features"]),
+            bias=bool(config.get("bias", True)),
+            activation=str(config.get("activation_function", "torch.nn.modules.linear.Identity")),
+        )
+    except KeyError as error:
+        raise ModelUnavailable(f"{path}/config.json lacks {error}") from error
+
+
+def _sentence_transformers(root: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {"dense_layers": [], "normalize": False, "modules": []}
+    for module in modules:
+        kind, sub = str(module.get("type", "")), root / str(module.get("path", ""))
+        found["modules"].append(kind.rsplit(".", 1)[-1])
+        if kind == _ST_TRANSFORMER or kind.endswith("models.Transformer"):
+            found["transformer_dir"] = sub
+            st_config = read_json(sub / "sentence_bert_config.json") or read_json(root / "sentence_bert_config.json")
+            found["max_length"] = st_config.get("max_seq_length")
+            found["do_lower_case"] = bool(st_config.get("do_lower_case", False))
+        elif kind == _ST_POOLING or kind.endswith("models.Pooling"):
+            found["pooling"], found["include_prompt"] = _pooling_from_config(read_json(sub / "config.json"))
+        elif kind == _ST_DENSE or kind.endswith("models.Dense"):
+            found["dense_layers"].append(_dense_layer(sub))
+        elif kind == _ST_NORMALIZE or kind.endswith("models.Normalize"):
+            found["normalize"] = True
+    return found
+
+
+def _kind_from_architectures(model_type: str, architectures: tuple[str, ...]) -> Kind:
+    if any(arch.endswith("ForSequenceClassification") for arch in architectures):
+        return Kind.RERANKER
+    return Kind.DENSE
+
+
+def detect(root: Path, spec: ModelSpec) -> Layout:
+    """Detect the layout of `root`, then apply the overrides that `spec` sets."""
+    modules = json.loads((root / "modules.json").read_text()) if (root / "modules.json").is_file() else None
+    found = _sentence_transformers(root, modules) if isinstance(modules, list) else {}
+    transformer_dir = Path(found.get("transformer_dir", root))
+    config = read_json(transformer_dir / "config.json")
+    if not config and spec.kind != Kind.FAKE:
+        raise ModelUnavailable(f"no config.json in {transformer_dir}: not a transformers model directory")
+    model_type = str(config.get("model_type", ""))
+    architectures = tuple(str(a) for a in config.get("architectures") or ())
+    decoder = model_type in _DECODER_TYPES
+    if "pooling" not in found:
+        found["pooling"] = "lasttoken" if decoder else "mean"
+        found.setdefault("normalize", True)
+    st_extra = read_json(root / "config_sentence_transformers.json")
+    kind = spec.kind if spec.kind != "auto" else _kind_from_architectures(model_type, architectures)
+    prompts = dict(st_extra.get("prompts") or {})
+    prompts.update(spec.prompts or {})
+    return Layout(
+        root=root,
+        kind=kind,
+        transformer_dir=transformer_dir,
+        model_type=model_type,
+        architectures=architectures,
+        pooling=spec.pooling or found["pooling"],
+        include_prompt=found.get("include_prompt", True),
+        normalize=spec.normalize if spec.normalize is not None else found.get("normalize", False),
+        max_length=spec.max_length or found.get("max_length"),
+        do_lower_case=found.get("do_lower_case", False),
+        dense_layers=tuple(found.get("dense_layers", ())),
+        prompts=prompts,
+        default_prompt_name=spec.default_prompt_name or st_extra.get("default_prompt_name"),
+        query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),
+        config=config,
+        modules=tuple(found.get("modules", ())),
+    )

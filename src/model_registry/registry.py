@@ -1,0 +1,397 @@
+"""Name -> model handle: lazy loading, one load at a time per model, request execution.
+
+A request goes: validate -> find or load the model -> `prepare` in the shared worker pool ->
+the model's queue -> its worker -> the future resolved on the caller's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_registry.adapters import Adapter, LoadOptions, create_adapter
+from model_registry.batching import BatchQueue, Request
+from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
+from model_registry.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InvalidInput,
+    ModelUnavailable,
+    RegistryError,
+    UnknownModel,
+    UnsupportedOperation,
+)
+from model_registry.types import (
+    Capability,
+    Content,
+    EmbedItem,
+    Item,
+    Kind,
+    Media,
+    ModelInfo,
+    ModelState,
+    Output,
+    Results,
+    Text,
+    TokenIds,
+)
+from model_registry.worker import BatchStats, Worker
+
+log = logging.getLogger(__name__)
+
+_FAILED_RETRY_AFTER = 30.0
+_CPU_BATCH_TOKENS = 4096
+_GPU_BATCH_TOKENS = 16384
+
+
+@dataclass(eq=False)
+class ModelHandle:
+    """One configured model and, while loaded, its adapter, queue and worker."""
+
+    spec: ModelSpec
+    state: ModelState = ModelState.UNLOADED
+    adapter: Adapter | None = None
+    queue: BatchQueue | None = None
+    worker: Worker | None = None
+    error: str | None = None
+    failed_at: float = 0.0
+    last_used: float | None = None
+    inflight: int = 0
+    loading: asyncio.Future[None] | None = field(default=None, repr=False)
+
+
+class Registry:
+    """The engine, usable in-process: `async with Registry.from_config(path) as reg: ...`."""
+
+    def __init__(
+        self,
+        config: RegistryConfig,
+        *,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._handles = {spec.name: ModelHandle(spec) for spec in config.models}
+        self._on_batch = on_batch
+        self._pool: ThreadPoolExecutor | None = None
+        self._started = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_config(cls, source: str | Path | RegistryConfig | Mapping[str, Any], **kwargs: Any) -> Registry:
+        """From a YAML path, a validated config or a mapping with `models` (and registry limits)."""
+        if isinstance(source, RegistryConfig):
+            config = source
+        elif isinstance(source, Mapping):
+            config = registry_config(source)
+        else:
+            config = load_config(source)
+        return cls(config, **kwargs)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the worker pool and load the pinned models (a broken one is logged and marked)."""
+        if self._started:
+            return
+        self._pool = ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="prepare")
+        self._started = True
+        for handle in self._handles.values():
+            if handle.spec.pin:
+                try:
+                    await self._ensure_loaded(handle)
+                except RegistryError as error:
+                    log.error("pinned model '%s' failed to load: %s", handle.spec.name, error)
+
+    async def stop(self) -> None:
+        for handle in self._handles.values():
+            await self._unload(handle)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._started = False
+
+    async def __aenter__(self) -> Registry:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def ready(self) -> bool:
+        """Every pinned model loaded and its worker alive."""
+        return self._started and all(
+            h.state == ModelState.LOADED and h.worker is not None and h.worker.alive
+            for h in self._handles.values()
+            if h.spec.pin
+        )
+
+    # ---- information ---------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        return list(self._handles)
+
+    def info(self, name: str) -> ModelInfo:
+        handle = self._handle(name)
+        adapter = handle.adapter
+        return ModelInfo(
+            name=name,
+            kind=adapter.kind if adapter else self._declared_kind(handle.spec),
+            capabilities=adapter.capabilities if adapter else frozenset(),
+            backend=adapter.backend if adapter else handle.spec.backend,
+            device=getattr(adapter, "device", handle.spec.device) if adapter else handle.spec.device,
+            dtype=str(getattr(adapter, "dtype", handle.spec.dtype)).removeprefix("torch.")
+            if adapter
+            else handle.spec.dtype,
+            state=handle.state,
+            pinned=handle.spec.pin,
+            max_length=adapter.max_length if adapter else None,
+            dimensions=adapter.dimensions if adapter else None,
+            footprint_bytes=adapter.footprint() if adapter and handle.state == ModelState.LOADED else None,
+            last_used=handle.last_used,
+            queue_depth=handle.queue.depth if handle.queue else 0,
+            error=handle.error,
+            extra=adapter.describe() if adapter and handle.state == ModelState.LOADED else {},
+        )
+
+    def infos(self) -> list[ModelInfo]:
+        return [self.info(name) for name in self._handles]
+
+    @staticmethod
+    def _declared_kind(spec: ModelSpec) -> Kind:
+        return spec.kind if isinstance(spec.kind, Kind) else Kind.DENSE
+
+    def _handle(self, name: str) -> ModelHandle:
+        handle = self._handles.get(name)
+        if handle is None:
+            raise UnknownModel(name, list(self._handles))
+        return handle
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    async def load(self, name: str) -> ModelInfo:
+        await self._ensure_loaded(self._handle(name), retry_failed=True)
+        return self.info(name)
+
+    async def unload(self, name: str) -> ModelInfo:
+        await self._unload(self._handle(name))
+        return self.info(name)
+
+    async def _ensure_loaded(self, handle: ModelHandle, *, retry_failed: bool = False) -> Adapter:
+        if not self._started:
+            raise ModelUnavailable("the registry is not started (use 'async with Registry(...)' or start())")
+        if handle.state == ModelState.LOADED and handle.adapter is not None:
+            return handle.adapter
+        if handle.state == ModelState.FAILED and not retry_failed:
+            waited = time.monotonic() - handle.failed_at
+            if waited < _FAILED_RETRY_AFTER:
+                raise ModelUnavailable(
+                    f"the model '{handle.spec.name}' failed to load: {handle.error} "
+                    f"(next attempt in {_FAILED_RETRY_AFTER - waited:.0f}s)"
+                )
+        if handle.loading is None:
+            handle.loading = asyncio.get_running_loop().create_future()
+            self._tasks.add(task := asyncio.create_task(self._load(handle, handle.loading)))
+            task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(handle.loading)
+        assert handle.adapter is not None, "This is a bug: a finished load left no adapter"
+        return handle.adapter
+
+    async def _load(self, handle: ModelHandle, done: asyncio.Future[None]) -> None:
+        spec = handle.spec
+        handle.state, handle.error = ModelState.LOADING, None
+        started = time.perf_counter()
+        try:
+            adapter = await asyncio.wait_for(asyncio.to_thread(self._build, spec), self.config.load_timeout)
+        except Exception as error:
+            handle.state, handle.failed_at = ModelState.FAILED, time.monotonic()
+            handle.error = str(error) if isinstance(error, RegistryError) else f"{type(error).__name__}: {error}"
+            if isinstance(error, TimeoutError):
+                handle.error = f"loading took longer than {self.config.load_timeout:.0f}s"
+            log.error("model '%s' failed to load: %s", spec.name, handle.error)
+            done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
+            done.exception()  # retrieved here so that an unawaited failure is not reported as lost
+        else:
+            queue = BatchQueue(
+                max_batch_tokens=self._batch_tokens(spec, adapter),
+                max_items=spec.max_queued_items,
+                batch_cost=adapter.batch_cost,
+                small_request_items=self.config.small_request_items,
+            )
+            worker = Worker(spec.name, adapter, queue, on_batch=self._on_batch)
+            worker.start()
+            handle.adapter, handle.queue, handle.worker = adapter, queue, worker
+            handle.state = ModelState.LOADED
+            log.info("model '%s' loaded in %.2fs", spec.name, time.perf_counter() - started)
+            done.set_result(None)
+        finally:
+            handle.loading = None
+
+    def _build(self, spec: ModelSpec) -> Adapter:
+        adapter = create_adapter(spec)
+        adapter.load(LoadOptions(device=spec.device, dtype=spec.dtype, max_batch_tokens=self._batch_tokens(spec)))
+        return adapter
+
+    @staticmethod
+    def _batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
+        if spec.max_batch_tokens:
+            return spec.max_batch_tokens
+        device = str(getattr(adapter, "device", spec.device))
+        return _GPU_BATCH_TOKENS if device.startswith("cuda") else _CPU_BATCH_TOKENS
+
+    async def _unload(self, handle: ModelHandle) -> None:
+        if handle.loading is not None:
+            await asyncio.gather(asyncio.shield(handle.loading), return_exceptions=True)
+        worker, adapter = handle.worker, handle.adapter
+        handle.worker = handle.adapter = handle.queue = None
+        if handle.state == ModelState.LOADED:
+            handle.state = ModelState.UNLOADED
+        if worker is not None:
+            await asyncio.to_thread(worker.stop)
+        if adapter is not None:
+            await asyncio.to_thread(adapter.unload)
+
+    # ---- operations ----------------------------------------------------------------------------
+
+    async def embed(
+        self,
+        model: str,
+        inputs: Sequence[str | Sequence[int] | Content],
+        *,
+        outputs: Sequence[Output | str] = (Output.DENSE,),
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool | None = None,
+        priority: int | None = None,
+        timeout: float | None = None,
+    ) -> Results:
+        """Embed texts (or token-id lists, or media) with `model`; one result per input, in order."""
+        handle = self._handle(model)
+        contents = self._contents(inputs)
+        adapter = await self._ensure_loaded(handle)
+        wanted = frozenset(Output(o) for o in outputs)
+        self._require_outputs(handle, adapter, contents, wanted)
+        text_prompt = self._prompt(adapter, prompt_name, prompt)
+        cut = handle.spec.truncate if truncate is None else truncate
+        items = [EmbedItem(c, wanted, text_prompt, prompt_name == "query", cut) for c in contents]
+        return await self.run(model, items, priority=priority, timeout=timeout)
+
+    async def run(
+        self, model: str, items: Sequence[Item], *, priority: int | None = None, timeout: float | None = None
+    ) -> Results:
+        """Run prepared-to-be items through `model`'s queue; the core every operation shares."""
+        handle = self._handle(model)
+        adapter = await self._ensure_loaded(handle)
+        assert self._pool is not None, "This is a bug: no prepare pool on a started registry"
+        assert handle.queue is not None, "This is a bug: a loaded model has no queue"
+        loop = asyncio.get_running_loop()
+        handle.inflight += 1
+        handle.last_used = time.time()
+        try:
+            prepared = await loop.run_in_executor(self._pool, adapter.prepare, items)
+            future: asyncio.Future[Request] = loop.create_future()
+
+            def settle(request: Request) -> None:
+                if not future.done():
+                    future.set_result(request)
+
+            def on_done(request: Request) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                    loop.call_soon_threadsafe(settle, request)
+
+            limit = timeout or self.config.request_timeout
+            request = Request(
+                prepared,
+                priority=handle.queue.priority_for(len(prepared), priority),
+                deadline=time.monotonic() + limit,
+                on_done=on_done,
+            )
+            handle.queue.put(request)
+            try:
+                done = await asyncio.wait_for(future, limit)
+            except TimeoutError:
+                request.cancel()
+                raise DeadlineExceeded(f"the request did not finish within {limit:.0f}s") from None
+            except asyncio.CancelledError:
+                request.cancel()
+                raise
+            if done.error is not None:
+                raise done.error
+            results = tuple(r for r in done.results if r is not None)
+            if len(results) != len(items):
+                raise Cancelled("the request was cancelled before all of its items ran")
+            return Results(results, sum(p.tokens for p in prepared))
+        finally:
+            handle.inflight -= 1
+            handle.last_used = time.time()
+
+    # ---- validation ----------------------------------------------------------------------------
+
+    def _contents(self, inputs: Sequence[str | Sequence[int] | Content]) -> list[Content]:
+        if isinstance(inputs, str) or not isinstance(inputs, Sequence):
+            raise InvalidInput("input must be a list", param="input")
+        if not inputs:
+            raise InvalidInput("input must not be empty", param="input")
+        limit = self.config.max_inputs_per_request
+        if len(inputs) > limit:
+            raise InvalidInput(
+                f"input has {len(inputs)} items; at most {limit} are accepted per request", param="input"
+            )
+        return [self._content(i, value) for i, value in enumerate(inputs)]
+
+    def _content(self, index: int, raw: str | Sequence[int] | Content) -> Content:
+        value: object = raw
+        if isinstance(raw, str):
+            value = Text(raw)
+        elif isinstance(raw, Sequence) and not isinstance(raw, (bytes, bytearray)):
+            if not raw or not all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+                raise InvalidInput(f"input {index} must be a string or a non-empty list of token ids", param="input")
+            value = TokenIds(tuple(int(t) for t in raw))
+        if isinstance(value, Text):
+            if not value.text.strip():
+                raise InvalidInput(f"input {index} is empty; every input needs some text", param="input")
+            if len(value.text) > self.config.max_input_chars:
+                raise InvalidInput(
+                    f"input {index} has {len(value.text):,} characters; the limit is {self.config.max_input_chars:,}",
+                    param="input",
+                )
+        if not isinstance(value, (Text, TokenIds, Media)):
+            raise InvalidInput(f"input {index} is of an unsupported type {type(raw).__name__}", param="input")
+        return value
+
+    @staticmethod
+    def _require_outputs(
+        handle: ModelHandle, adapter: Adapter, contents: list[Content], wanted: frozenset[Output]
+    ) -> None:
+        caps = adapter.capabilities
+        needed = {Output.SPARSE: Capability.SPARSE, Output.MULTIVECTOR: Capability.MULTIVECTOR}
+        missing = [o.value for o in wanted if o in needed and needed[o] not in caps]
+        dense_capable = {Capability.EMBED_TEXT, Capability.EMBED_IMAGE, Capability.EMBED_AUDIO} & caps
+        if Output.DENSE in wanted and not dense_capable:
+            missing.append("dense")
+        if missing:
+            have = ", ".join(sorted(c.value for c in caps)) or "none"
+            raise UnsupportedOperation(
+                f"the model '{handle.spec.name}' cannot produce {', '.join(missing)} output; "
+                f"its capabilities are: {have}",
+                param="model",
+            )
+
+    @staticmethod
+    def _prompt(adapter: Adapter, prompt_name: str | None, prompt: str | None) -> str:
+        if prompt is not None:
+            return prompt
+        name = prompt_name or adapter.default_prompt_name
+        if name is None:
+            return ""
+        if name not in adapter.prompts:
+            known = ", ".join(sorted(adapter.prompts)) or "none"
+            raise InvalidInput(f"unknown prompt_name '{name}'; this model's prompts are: {known}", param="prompt_name")
+        return adapter.prompts[name]

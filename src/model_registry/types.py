@@ -1,0 +1,192 @@
+"""Inputs and outputs of the engine: small frozen records, no logic.
+
+Arrays are numpy arrays at run time; this module does not import numpy so that it stays a leaf.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    FloatArray: TypeAlias = npt.NDArray[np.float32]
+    IntArray: TypeAlias = npt.NDArray[np.int64]
+else:
+    FloatArray = Any
+    IntArray = Any
+
+
+class Kind(str, enum.Enum):
+    """What a model is, as detected from its files or set in the configuration."""
+
+    DENSE = "dense"
+    SPARSE = "sparse"
+    MULTIVECTOR = "multivector"
+    MULTI_OUTPUT = "multi_output"
+    RERANKER = "reranker"
+    CLASSIFIER = "classifier"
+    IMAGE_TEXT = "image_text"
+    AUDIO_TEXT = "audio_text"
+    PAGE_TEXT = "page_text"
+    FAKE = "fake"
+
+
+class Capability(str, enum.Enum):
+    EMBED_TEXT = "embed_text"
+    EMBED_IMAGE = "embed_image"
+    EMBED_AUDIO = "embed_audio"
+    SPARSE = "sparse"
+    MULTIVECTOR = "multivector"
+    RERANK = "rerank"
+    CLASSIFY = "classify"
+
+
+class Output(str, enum.Enum):
+    """The representations an embedding item can ask for."""
+
+    DENSE = "dense"
+    SPARSE = "sparse"
+    MULTIVECTOR = "multivector"
+
+
+class Modality(str, enum.Enum):
+    TEXT = "text"
+    IMAGE = "image"
+    AUDIO = "audio"
+
+
+class ModelState(str, enum.Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    FAILED = "failed"
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIds:
+    """Token ids given by the client, used as the whole sequence (no special tokens added)."""
+
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """Encoded image or audio bytes; decoding happens off the event loop in `Adapter.prepare`."""
+
+    modality: Modality
+    data: bytes
+    source: str = ""
+
+
+Content: TypeAlias = Text | TokenIds | Media
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedItem:
+    """One input to embed. `prompt` is the literal text put before a text input."""
+
+    content: Content
+    outputs: frozenset[Output] = frozenset({Output.DENSE})
+    prompt: str = ""
+    is_query: bool = False
+    truncate: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PairItem:
+    """A (query, document) pair scored by a cross-encoder."""
+
+    query: str
+    document: str
+    truncate: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifyItem:
+    text: str
+    truncate: bool = True
+
+
+Item: TypeAlias = EmbedItem | PairItem | ClassifyItem
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """An item after `Adapter.prepare`: its cost in the batch budget and adapter-private data."""
+
+    index: int
+    cost: int
+    tokens: int
+    data: Any
+    group: str = ""
+
+
+# ---- outputs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SparseVector:
+    indices: IntArray
+    values: FloatArray
+    tokens: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Embedding:
+    dense: FloatArray | None = None
+    sparse: SparseVector | None = None
+    multivector: FloatArray | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Labels:
+    logits: FloatArray
+    names: tuple[str, ...]
+
+
+Result: TypeAlias = Embedding | Score | Labels
+
+
+@dataclass(frozen=True, slots=True)
+class Results:
+    """What one call returns: one result per input, in input order, and the real token count."""
+
+    items: tuple[Result, ...]
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    kind: Kind
+    capabilities: frozenset[Capability]
+    backend: str
+    device: str
+    dtype: str
+    state: ModelState
+    pinned: bool
+    max_length: int | None = None
+    dimensions: int | None = None
+    footprint_bytes: int | None = None
+    last_used: float | None = None
+    queue_depth: int = 0
+    error: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)

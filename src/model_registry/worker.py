@@ -1,0 +1,157 @@
+"""The per-model worker: collate -> forward -> postprocess, on two supervised threads.
+
+The collator thread takes the next batch from the queue and collates it while the forward thread
+runs the previous one, so exactly one batch is prepared ahead. Before running a prefetched batch
+the forward thread checks it is still the right one: if a request of a higher priority arrived
+meanwhile, or some of its requests were cancelled, the live entries go back to the queue and a
+fresh batch is taken. A failure in any stage fails exactly the requests of that batch with
+`BatchFailed`; the threads keep serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from model_registry.adapters.base import Adapter
+from model_registry.batching import Batch, BatchQueue
+from model_registry.errors import BatchFailed, RegistryError
+
+log = logging.getLogger(__name__)
+
+_POLL = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    model: str
+    items: int
+    cost: int
+    tokens: int
+    seconds: float
+    failed: bool
+
+
+class Worker:
+    def __init__(
+        self,
+        name: str,
+        adapter: Adapter,
+        batches: BatchQueue,
+        *,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.adapter = adapter
+        self.batches = batches
+        self._on_batch = on_batch
+        self._handoff: queue.Queue[tuple[Batch, Any]] = queue.Queue(maxsize=1)
+        self._slot_free = threading.Event()
+        self._slot_free.set()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.busy = False
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._threads = [
+            threading.Thread(target=self._supervise, args=(self._collate_once,), name=f"{self.name}-collate"),
+            threading.Thread(target=self._supervise, args=(self._forward_once,), name=f"{self.name}-forward"),
+        ]
+        for thread in self._threads:
+            thread.daemon = True
+            thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        for request in self.batches.close():
+            request.fail(RegistryError(f"the model '{self.name}' was unloaded before this request ran"))
+        self._slot_free.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        while not self._handoff.empty():
+            batch, _ = self._handoff.get_nowait()
+            self._fail(batch, RegistryError(f"the model '{self.name}' was unloaded before this request ran"))
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
+    @property
+    def idle(self) -> bool:
+        return not self.busy and self._handoff.empty() and self.batches.depth == 0
+
+    # ---- threads -------------------------------------------------------------------------------
+
+    def _supervise(self, step: Callable[[], None]) -> None:
+        """Run `step` until stopped; an exception escaping a step is a bug, logged, and survived."""
+        while not self._stop.is_set():
+            try:
+                step()
+            except Exception:  # a step already failed its batch; this is the last line of defence
+                log.exception("This is a bug: the worker of model '%s' raised outside a batch", self.name)
+                time.sleep(_POLL)
+
+    def _collate_once(self) -> None:
+        if not self._slot_free.wait(_POLL):
+            return
+        batch = self.batches.next_batch(timeout=_POLL)
+        if batch is None:
+            return
+        try:
+            collated = self.adapter.collate([e.prepared for e in batch.entries])
+        except Exception as error:
+            self._fail(batch, error)
+            return
+        self._slot_free.clear()
+        self._handoff.put((batch, collated))
+
+    def _forward_once(self) -> None:
+        try:
+            batch, collated = self._handoff.get(timeout=_POLL)
+        except queue.Empty:
+            return
+        self.busy = True
+        self._slot_free.set()
+        try:
+            if not batch.live() or self.batches.outranks(batch):
+                self.batches.requeue(batch.entries)
+                return
+            self._run(batch, collated)
+        finally:
+            self.busy = False
+
+    def _run(self, batch: Batch, collated: Any) -> None:
+        started = time.perf_counter()
+        failed = False
+        try:
+            output = self.adapter.forward(collated)
+            results = self.adapter.postprocess(collated, output)
+            if len(results) != len(batch.entries):
+                raise RuntimeError(
+                    f"This is a bug: {type(self.adapter).__name__}.postprocess returned {len(results)} "
+                    f"results for {len(batch.entries)} items; it must return one per item"
+                )
+        except Exception as error:
+            failed = True
+            self._fail(batch, error)
+        else:
+            for entry, result in zip(batch.entries, results, strict=True):
+                entry.request.deliver(entry.prepared.index, result)
+        seconds = time.perf_counter() - started
+        self.batches.record(batch.cost, seconds)
+        if self._on_batch is not None:
+            tokens = sum(e.prepared.tokens for e in batch.entries)
+            self._on_batch(BatchStats(self.name, len(batch.entries), batch.cost, tokens, seconds, failed))
+
+    def _fail(self, batch: Batch, error: Exception) -> None:
+        if not isinstance(error, RegistryError):
+            log.error("model '%s' failed a batch of %d items: %r", self.name, len(batch.entries), error)
+            error = BatchFailed(f"the model '{self.name}' failed while processing this request: {error}")
+        for request in {e.request for e in batch.entries}:
+            request.fail(error)
