@@ -1,0 +1,164 @@
+"""The serving machinery over HTTP with the fake model: failures, overload, disconnects, probes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from model_registry.adapters.fake import FakeAdapter, fake_vector
+from tests.conftest import REPO, LiveServer, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def fake(name: str = "fake", **options: Any) -> dict[str, Any]:
+    return {"name": name, "source": "fake", "kind": "fake", "pin": True, "options": options}
+
+
+def fake_adapter(server: LiveServer, name: str) -> FakeAdapter:
+    adapter = server.app.state.registry._handles[name].adapter
+    assert isinstance(adapter, FakeAdapter)
+    return adapter
+
+
+def post(server: LiveServer, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
+    with server.client(**kwargs) as client:
+        return client.post("/v1/embeddings", json=body)
+
+
+def test_an_injected_failure_fails_only_that_batch(serve: Any) -> None:
+    server = serve({"models": [{**fake(fail_on="boom", delay=0.2), "max_batch_tokens": 64}]})
+    bodies = [{"model": "fake", "input": ["boom"], "priority": 9}] + [
+        {"model": "fake", "input": [f"fine {i}"], "priority": 0} for i in range(6)
+    ]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda b: post(server, b), bodies))
+    assert responses[0].status_code == 500
+    assert responses[0].json()["error"]["code"] == "model_error"
+    assert "injected failure" in responses[0].json()["error"]["message"]
+    for body, response in zip(bodies[1:], responses[1:], strict=True):
+        assert response.status_code == 200, response.text
+        np.testing.assert_allclose(response.json()["data"][0]["embedding"], fake_vector(body["input"][0], 8), atol=1e-6)
+
+
+def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
+    server = serve({"models": [{**fake(delay=0.5), "max_queued_items": 8, "max_batch_tokens": 8}]})
+    bodies = [{"model": "fake", "input": [f"item {i}"] * 8} for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(lambda b: post(server, b), bodies))
+    statuses = sorted(r.status_code for r in responses)
+    assert 429 in statuses
+    assert 200 in statuses
+    refused = next(r for r in responses if r.status_code == 429)
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert post(server, {"model": "fake", "input": ["after"]}).status_code == 200
+
+
+def test_a_disconnected_client_costs_no_compute(serve: Any) -> None:
+    server = serve({"models": [fake(delay=0.6)]})
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, server, {"model": "fake", "input": ["first"]})
+        time.sleep(0.2)
+        with pytest.raises(httpx.ReadTimeout):
+            post(server, {"model": "fake", "input": ["abandoned"] * 30}, timeout=0.2)
+        assert first.result().status_code == 200
+    time.sleep(0.8)
+    assert fake_adapter(server, "fake").batches == [1]
+
+
+def test_request_deadline_is_504(serve: Any) -> None:
+    server = serve({"models": [fake(delay=1.0)], "request_timeout": 0.3})
+    response = post(server, {"model": "fake", "input": ["slow"]})
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "deadline_exceeded"
+
+
+def test_ready_is_false_while_a_pinned_model_is_broken(serve: Any, tmp_path: Any) -> None:
+    server = serve({"models": [fake(), {"name": "broken", "source": str(tmp_path), "pin": True}]})
+    with server.client() as client:
+        assert client.get("/health").status_code == 200
+        ready = client.get("/ready")
+        assert ready.status_code == 503
+        assert ready.json()["pinned"] == {"fake": "loaded", "broken": "failed"}
+        unavailable = client.post("/v1/embeddings", json={"model": "broken", "input": ["a"]})
+        assert unavailable.status_code == 503
+        assert "no config.json" in unavailable.json()["error"]["message"]
+        models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+        assert models["broken"]["status"] == "failed"
+        assert models["fake"]["status"] == "loaded"
+        assert client.post("/v1/embeddings", json={"model": "fake", "input": ["a"]}).status_code == 200
+
+
+def test_api_key_is_required_when_configured(serve: Any) -> None:
+    server = serve({"models": [fake()]}, api_key="secret")
+    body = {"model": "fake", "input": ["a"]}
+    with server.client() as client:
+        assert client.post("/v1/embeddings", json=body).status_code == 401
+        wrong = client.post("/v1/embeddings", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.json()["error"]["type"] == "authentication_error"
+        ok = client.post("/v1/embeddings", json=body, headers={"Authorization": "Bearer secret"})
+        assert ok.status_code == 200
+        assert client.get("/health").status_code == 200
+
+
+def test_metrics_are_prometheus_exposition(serve: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = serve({"models": [fake()]})
+    post(server, {"model": "fake", "input": ["a", "b"]})
+    with server.client() as client:
+        response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    items = {s.labels["model"]: s.value for s in families["infinity_batch_items"].samples if s.name.endswith("_total")}
+    assert items == {"fake": 2.0}
+    requests = [s for s in families["infinity_requests"].samples if s.labels.get("route") == "/v1/embeddings"]
+    assert any(s.labels["status"] == "200" and s.value >= 1 for s in requests)
+
+
+def test_the_readme_serve_command_serves_the_bundled_model() -> None:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [str(REPO / "scripts" / "serve"), "--port", str(port), "--host", "127.0.0.1"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+            time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        created = client.embeddings.create(model="all-MiniLM-L6-v2", input=["hello", "world"])
+        assert len(created.data) == 2
+        assert len(created.data[0].embedding) == 384
+        curl_like = httpx.post(
+            f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hello"}
+        )
+        assert curl_like.status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            assert process.wait(30) == 0
+        finally:
+            process.kill()
+            if process.stdout:
+                process.stdout.close()

@@ -1,0 +1,125 @@
+"""The registry with the fake adapter: ordering, failure isolation, cancellation, deadlines, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from model_registry import (
+    BatchFailed,
+    DeadlineExceeded,
+    InvalidInput,
+    ModelUnavailable,
+    Overloaded,
+    Registry,
+    SyncRegistry,
+    UnknownModel,
+)
+from model_registry.adapters.fake import FakeAdapter, fake_vector
+from model_registry.types import Embedding
+
+
+def fake(name: str = "fake", **options: Any) -> dict[str, Any]:
+    return {"name": name, "source": "fake", "kind": "fake", "pin": True, "options": options}
+
+
+def adapter_of(registry: Registry, name: str) -> FakeAdapter:
+    adapter = registry._handles[name].adapter
+    assert isinstance(adapter, FakeAdapter)
+    return adapter
+
+
+def vectors(results: Any) -> list[np.ndarray]:
+    return [r.dense for r in results.items if isinstance(r, Embedding)]
+
+
+async def test_results_come_back_in_input_order_across_batches() -> None:
+    texts = [" ".join(["w"] * n) + f" {n}" for n in (5, 1, 9, 3, 7, 2)]
+    config = {"models": [{**fake(), "max_batch_tokens": 12}]}
+    async with Registry.from_config(config) as registry:
+        results = await registry.embed("fake", texts)
+        assert len(adapter_of(registry, "fake").batches) > 1
+    for text, vector in zip(texts, vectors(results), strict=True):
+        np.testing.assert_array_equal(vector, fake_vector(text, 8))
+    assert results.tokens == sum(len(t.split()) for t in texts)
+
+
+async def test_a_failing_batch_fails_only_its_requests_and_the_worker_keeps_serving() -> None:
+    config = {"models": [{**fake(fail_on="boom", delay=0.05)}]}
+    async with Registry.from_config(config) as registry:
+        bad = asyncio.create_task(registry.embed("fake", ["boom"], priority=5))
+        good = asyncio.create_task(registry.embed("fake", ["fine"], priority=0))
+        with pytest.raises(BatchFailed, match="injected failure"):
+            await bad
+        assert len(vectors(await good)) == 1
+        assert len(vectors(await registry.embed("fake", ["still serving"]))) == 1
+
+
+async def test_cancelled_requests_never_reach_the_model() -> None:
+    async with Registry.from_config({"models": [fake(delay=0.3)]}) as registry:
+        blocker = asyncio.create_task(registry.embed("fake", ["first"]))
+        await asyncio.sleep(0.1)
+        victim = asyncio.create_task(registry.embed("fake", ["never computed"] * 20))
+        await asyncio.sleep(0.05)
+        victim.cancel()
+        await blocker
+        await asyncio.sleep(0.4)
+        assert adapter_of(registry, "fake").batches == [1]
+        assert registry.info("fake").queue_depth == 0
+
+
+async def test_deadline_exceeded_when_the_model_is_too_slow() -> None:
+    async with Registry.from_config({"models": [fake(delay=0.5)]}) as registry:
+        with pytest.raises(DeadlineExceeded):
+            await registry.embed("fake", ["slow"], timeout=0.1)
+
+
+async def test_a_full_queue_is_overloaded_not_a_hang() -> None:
+    config = {"models": [{**fake(delay=0.3), "max_queued_items": 4}]}
+    async with Registry.from_config(config) as registry:
+        running = asyncio.create_task(registry.embed("fake", ["a"]))
+        await asyncio.sleep(0.05)
+        # One batch runs, one is prefetched, the next fills the queue's 4 places.
+        prefetched = asyncio.create_task(registry.embed("fake", ["b"] * 4))
+        await asyncio.sleep(0.05)
+        waiting = asyncio.create_task(registry.embed("fake", ["c"] * 4))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Overloaded) as raised:
+            await registry.embed("fake", ["d"])
+        assert raised.value.retry_after >= 1
+        await asyncio.gather(running, prefetched, waiting)
+
+
+async def test_input_validation_names_the_problem() -> None:
+    config = {"models": [fake()], "max_inputs_per_request": 3, "max_input_chars": 10}
+    async with Registry.from_config(config) as registry:
+        with pytest.raises(InvalidInput, match="must not be empty"):
+            await registry.embed("fake", [])
+        with pytest.raises(InvalidInput, match="input 1 is empty"):
+            await registry.embed("fake", ["ok", ""])
+        with pytest.raises(InvalidInput, match="at most 3"):
+            await registry.embed("fake", ["a"] * 4)
+        with pytest.raises(InvalidInput, match="input 0 has 11 characters"):
+            await registry.embed("fake", ["x" * 11])
+        with pytest.raises(UnknownModel, match="Models served: fake"):
+            await registry.embed("nope", ["a"])
+
+
+async def test_a_broken_pinned_model_makes_the_registry_unready_but_others_serve(tmp_path: Any) -> None:
+    config = {"models": [fake(), {"name": "broken", "source": str(tmp_path), "pin": True}]}
+    async with Registry.from_config(config) as registry:
+        assert not registry.ready
+        assert registry.info("broken").state.value == "failed"
+        with pytest.raises(ModelUnavailable, match=r"no config\.json"):
+            await registry.embed("broken", ["a"])
+        assert len(vectors(await registry.embed("fake", ["a"]))) == 1
+
+
+def test_sync_wrapper_for_scripts() -> None:
+    with SyncRegistry.from_config({"models": [fake()]}) as registry:
+        results = registry.embed("fake", ["hello world"])
+        assert registry.infos()[0].state.value == "loaded"
+    np.testing.assert_array_equal(vectors(results)[0], fake_vector("hello world", 8))
