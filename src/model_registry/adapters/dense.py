@@ -81,6 +81,9 @@ class TextEncoder(Adapter):
 
     def load_model(self, options: LoadOptions, auto_class: Any) -> None:
         from transformers import AutoConfig
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
 
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
