@@ -83,7 +83,7 @@ class TextEncoder(Adapter):
         from transformers import AutoConfig
         from transformers.utils import logging as transformers_logging
 
-        transformers_logging.disable_progress_bar()
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
