@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
-from model_registry.errors import DeadlineExceeded, Overloaded, RegistryError
+from model_registry.errors import DeadlineExceeded, ModelUnavailable, Overloaded
 from model_registry.types import Prepared, Result
 
 _sequence = count()
@@ -138,7 +138,7 @@ class BatchQueue:
         entries = deque(Entry(request, p) for p in request.prepared)
         with self._cond:
             if self._closed:
-                raise RegistryError("the model is shutting down")
+                raise ModelUnavailable("the model is being unloaded; retry the request")
             if self._count + len(entries) > self.max_items:
                 raise Overloaded(
                     f"the model's queue is full ({self._count} items waiting, limit {self.max_items})",

@@ -47,7 +47,7 @@ from model_registry.worker import BatchStats, Worker
 log = logging.getLogger(__name__)
 
 _FAILED_RETRY_AFTER = 30.0
-_CPU_BATCH_TOKENS = 4096
+_CPU_BATCH_TOKENS = 2048
 _GPU_BATCH_TOKENS = 16384
 
 

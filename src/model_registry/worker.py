@@ -20,7 +20,7 @@ from typing import Any
 
 from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
-from model_registry.errors import BatchFailed, RegistryError
+from model_registry.errors import BatchFailed, ModelUnavailable, RegistryError
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,13 @@ class Worker:
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
         for request in self.batches.close():
-            request.fail(RegistryError(f"the model '{self.name}' was unloaded before this request ran"))
+            request.fail(ModelUnavailable(f"the model '{self.name}' was unloaded before this request ran"))
         self._slot_free.set()
         for thread in self._threads:
             thread.join(timeout)
         while not self._handoff.empty():
             batch, _ = self._handoff.get_nowait()
-            self._fail(batch, RegistryError(f"the model '{self.name}' was unloaded before this request ran"))
+            self._fail(batch, ModelUnavailable(f"the model '{self.name}' was unloaded before this request ran"))
 
     @property
     def alive(self) -> bool:
