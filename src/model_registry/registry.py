@@ -236,7 +236,15 @@ class Registry:
 
     def _build(self, spec: ModelSpec) -> Adapter:
         adapter = create_adapter(spec)
-        adapter.load(LoadOptions(device=spec.device, dtype=spec.dtype, max_batch_tokens=self._batch_tokens(spec)))
+        adapter.load(
+            LoadOptions(
+                device=spec.device,
+                dtype=spec.dtype,
+                max_batch_tokens=self._batch_tokens(spec),
+                max_image_pixels=self.config.max_image_pixels,
+                max_audio_seconds=self.config.max_audio_seconds,
+            )
+        )
         return adapter
 
     @staticmethod
