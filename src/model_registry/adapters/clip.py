@@ -33,7 +33,7 @@ class ClipAdapter(TwoTowerAdapter):
     def load_parts(self, directory: str) -> None:
         from transformers import AutoImageProcessor
 
-        self.processor = AutoImageProcessor.from_pretrained(directory)
+        self.processor = AutoImageProcessor.from_pretrained(directory)  # type: ignore[no-untyped-call]
         vision = self.model.config.vision_config
         side = int(vision.image_size) // int(vision.patch_size)
         self.patches = side * side + 1

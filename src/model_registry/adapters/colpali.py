@@ -58,7 +58,7 @@ class ColPaliAdapter(Adapter):
         backend.configure_threads(options.threads)
         self.limits = MediaLimits(options.max_image_pixels, options.max_audio_seconds)
         directory = str(self.layout.root)
-        self.processor = transformers.AutoProcessor.from_pretrained(directory)
+        self.processor = transformers.AutoProcessor.from_pretrained(directory)  # type: ignore[no-untyped-call]
         model = model_class.from_pretrained(directory, dtype=self.dtype)
         self.model = model.to(self.device).eval()
         self.dimensions = int(self.model.config.embedding_dim)
@@ -134,7 +134,8 @@ class ColPaliAdapter(Adapter):
 
     def forward(self, batch: PageBatch) -> torch.Tensor:
         with torch.inference_mode():
-            return self.model(**batch.tensors).embeddings.float().cpu()
+            embeddings: torch.Tensor = self.model(**batch.tensors).embeddings
+            return embeddings.float().cpu()
 
     def postprocess(self, batch: PageBatch, output: torch.Tensor) -> list[Result]:
         results: list[Result] = []

@@ -84,7 +84,7 @@ class OpenClipAdapter(Adapter):
                 continue
             ids = self.tokenizer([self._text(index, item)])[0]
             used = int((ids != 0).sum())
-            prepared.append(Prepared(index, self.max_length, used, ids, "text"))
+            prepared.append(Prepared(index, self.max_length or used, used, ids, "text"))
         return prepared
 
     @staticmethod
@@ -104,10 +104,8 @@ class OpenClipAdapter(Adapter):
 
     def forward(self, batch: ClipBatch) -> torch.Tensor:
         with torch.inference_mode():
-            if batch.group == "image":
-                vectors = self.model.encode_image(batch.tensor)
-            else:
-                vectors = self.model.encode_text(batch.tensor)
+            encode = self.model.encode_image if batch.group == "image" else self.model.encode_text
+            vectors: torch.Tensor = encode(batch.tensor)
             return vectors.float().cpu()
 
     def postprocess(self, batch: ClipBatch, output: torch.Tensor) -> list[Result]:

@@ -132,7 +132,8 @@ class TwoTowerAdapter(Adapter):
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         sequences = [p.data for p in items]
         if self.pad_to_max_length:
-            sequences = [s + (pad_id,) * (self.max_length - len(s)) for s in sequences]
+            longest = self.max_length or max(len(s) for s in sequences)
+            sequences = [s + (pad_id,) * (longest - len(s)) for s in sequences]
         padded = pad(sequences, int(pad_id), left=self.tokenizer.padding_side == "left")
         tensors = {"input_ids": torch.from_numpy(padded.input_ids)}
         if "attention_mask" in self.tokenizer.model_input_names and not self.pad_to_max_length:
