@@ -61,10 +61,10 @@ def refused_reason(address: Address) -> str | None:
         address = address.ipv4_mapped
     checks = (
         ("loopback", address.is_loopback),
-        ("link-local (cloud metadata lives there)", address.is_link_local),
-        ("private", address.is_private),
-        ("multicast", address.is_multicast),
         ("unspecified", address.is_unspecified),
+        ("link-local (cloud metadata lives there)", address.is_link_local),
+        ("multicast", address.is_multicast),
+        ("private", address.is_private),
         ("reserved", address.is_reserved),
     )
     found = next((name for name, hit in checks if hit), None)

@@ -71,6 +71,7 @@ def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits) -> np.
 
     if not data:
         raise _bad(index, "the audio is empty")
+    check_wav_header(data, index)
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as handle:
             declared = handle.frames / handle.samplerate if handle.samplerate else 0.0
@@ -92,6 +93,31 @@ def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits) -> np.
     if not np.isfinite(mono).all():
         raise _bad(index, "the audio holds non-finite samples")
     return resample(mono, native_rate, rate)
+
+
+_UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # streaming writers leave the size open; that is not a lie
+
+
+def check_wav_header(data: bytes, index: int) -> None:
+    """A WAV whose `data` chunk claims more bytes than the file holds is truncated or forged.
+
+    libsndfile quietly trusts the file size instead; a server should say the upload is broken.
+    """
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    position = 12
+    while position + 8 <= len(data):
+        chunk, size = data[position : position + 4], int.from_bytes(data[position + 4 : position + 8], "little")
+        if chunk == b"data":
+            held = len(data) - position - 8
+            if size not in _UNKNOWN_SIZES and size > held:
+                raise _bad(
+                    index,
+                    f"the WAV header declares {size:,} bytes of audio but the file holds {held:,}: "
+                    "it is truncated or its header is wrong",
+                )
+            return
+        position += 8 + size + (size & 1)
 
 
 def _too_long(seconds: float, limits: MediaLimits) -> str:
