@@ -200,3 +200,26 @@ def tiny_colpali(root: Path, *, seed: int = 0) -> Path:
     model.save_pretrained(root)
     processor.save_pretrained(root)
     return root
+
+
+def tiny_siglip(root: Path, *, seed: int = 0) -> Path:
+    """SiglipModel (hidden 32) whose texts are padded to 16 tokens, with a 32 px image processor."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+
+    from tests.builders import bpe_tokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = bpe_tokenizer(max_length=16)
+    common = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    text = {
+        **common,
+        "vocab_size": len(tokenizer),
+        "max_position_embeddings": 16,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    vision = {**common, "image_size": 32, "patch_size": 8}
+    SiglipModel(SiglipConfig(text_config=text, vision_config=vision)).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(root)
+    return root

@@ -105,6 +105,28 @@ def test_clip_parity_with_transformers(client: httpx.Client, models: dict[str, P
     np.testing.assert_allclose(got_image, want_image, atol=TOL)
 
 
+def test_siglip_parity_with_transformers(client: httpx.Client, models: dict[str, Path], data_dir: Path) -> None:
+    from PIL import Image
+    from transformers import AutoTokenizer, SiglipImageProcessor, SiglipModel
+
+    texts = ["two cats", "a plane is taking off", " ".join(["the cat sleeps on the warm windowsill"] * 5)]
+    photo = (data_dir / PHOTO).read_bytes()
+    got_text = embed(client, "siglip", texts)
+    got_image = embed(client, "siglip", [data_uri(photo, "image/jpeg")], "image")
+
+    model = SiglipModel.from_pretrained(models["siglip"]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(models["siglip"])
+    processor = SiglipImageProcessor.from_pretrained(models["siglip"])
+    with torch.inference_mode():
+        # SigLIP was trained on texts padded to the full length, without an attention mask.
+        ids = tokenizer(texts, padding="max_length", truncation=True, max_length=16, return_tensors="pt").input_ids
+        want_text = model.get_text_features(input_ids=ids).pooler_output.numpy()
+        pixels = processor(images=Image.open(io.BytesIO(photo)).convert("RGB"), return_tensors="pt")
+        want_image = model.get_image_features(**pixels).pooler_output.numpy()
+    np.testing.assert_allclose(got_text, want_text, atol=TOL)
+    np.testing.assert_allclose(got_image, want_image, atol=TOL)
+
+
 def test_open_clip_parity(client: httpx.Client, models: dict[str, Path], data_dir: Path) -> None:
     import open_clip
     from PIL import Image
@@ -130,7 +152,7 @@ def test_clap_parity_with_transformers(client: httpx.Client, models: dict[str, P
     import soundfile
     from transformers import AutoTokenizer, ClapFeatureExtractor, ClapModel
 
-    texts = ["a cat meows", "a short beep"]
+    texts = ["a cat meows", "a short beep", " ".join(["a cat meows loudly in the kitchen"] * 10)]
     beep = (data_dir / BEEP).read_bytes()
     got_text = embed(client, "clap", texts)
     got_audio = embed(client, "clap", [data_uri(beep, "audio/wav")], "audio")
@@ -141,7 +163,9 @@ def test_clap_parity_with_transformers(client: httpx.Client, models: dict[str, P
     samples, rate = soundfile.read(io.BytesIO(beep), dtype="float32")
     assert rate == extractor.sampling_rate  # 48 kHz file, 48 kHz model: no resampling on either side
     with torch.inference_mode():
-        want_text = model.get_text_features(**tokenizer(texts, padding=True, return_tensors="pt")).pooler_output
+        tokens = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        assert tokens["input_ids"].shape[1] == 32  # the long text is cut to the tokenizer's limit
+        want_text = model.get_text_features(**tokens).pooler_output
         features = extractor(samples, sampling_rate=rate, return_tensors="pt")
         want_audio = model.get_audio_features(**features).pooler_output
     np.testing.assert_allclose(got_text, want_text.numpy(), atol=TOL)
@@ -234,7 +258,7 @@ def test_colpali_page_by_url_equals_upload(client: httpx.Client, files: tuple[st
 # ---- batched equals single ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["clip", "open-clip"])
+@pytest.mark.parametrize("model", ["clip", "siglip", "open-clip"])
 def test_images_batched_equal_single(client: httpx.Client, data_dir: Path, model: str) -> None:
     images = [*photo_variants(data_dir), image_bytes(40, 30, fmt="PNG")]
     uris = [data_uri(b, "image/png") for b in images]
@@ -312,5 +336,6 @@ def test_models_report_their_kind(client: httpx.Client) -> None:
     kinds = {m["id"]: (m["kind"], m["capabilities"]) for m in client.get("/v1/models").json()["data"]}
     assert kinds["clip"] == ("image_text", ["embed_image", "embed_text"])
     assert kinds["open-clip"][0] == "image_text"
+    assert kinds["siglip"][0] == "image_text"
     assert kinds["clap"] == ("audio_text", ["embed_audio", "embed_text"])
     assert kinds["colpali"] == ("page_text", ["embed_image", "embed_text", "multivector"])

@@ -26,6 +26,7 @@ class ClapAdapter(TwoTowerAdapter):
     kind = Kind.AUDIO_TEXT
     capabilities = frozenset({Capability.EMBED_TEXT, Capability.EMBED_AUDIO})
     modality = Modality.AUDIO
+    position_offset = 2  # the text tower is RoBERTa: positions start after the padding index
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         super().__init__(layout, trust_remote_code)

@@ -46,6 +46,8 @@ class TwoTowerAdapter(Adapter):
     modality: Modality
     #: Pad every text to the longest the model takes (SigLIP was trained that way).
     pad_to_max_length = False
+    #: Position ids that the text tower reserves before the first token (RoBERTa-style towers: 2).
+    position_offset = 0
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         self.layout = layout
@@ -72,9 +74,17 @@ class TwoTowerAdapter(Adapter):
         self.model = model.to(self.device).eval()
         self.load_parts(directory)
         text_config = getattr(self.model.config, "text_config", self.model.config)
-        limits = [self.layout.max_length, getattr(text_config, "max_position_embeddings", None)]
-        self.max_length = min(n for n in limits if isinstance(n, int) and n > 0) if any(limits) else 77
+        positions = getattr(text_config, "max_position_embeddings", None)
+        limits = [
+            self.layout.max_length,
+            positions - self.position_offset if isinstance(positions, int) else None,
+            getattr(self.tokenizer, "model_max_length", None),
+        ]
+        usable = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
+        self.max_length = min(usable) if usable else 77
+        # CLIP and CLAP name their shared width `projection_dim`; SigLIP projects to the text width.
         projection = getattr(self.model.config, "projection_dim", None)
+        projection = projection or getattr(text_config, "projection_size", None)
         self.dimensions = int(projection) if projection else None
         self._footprint = backend.module_bytes(self.model) * 2
 
