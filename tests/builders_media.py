@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -222,4 +223,58 @@ def tiny_siglip(root: Path, *, seed: int = 0) -> Path:
     SiglipModel(SiglipConfig(text_config=text, vision_config=vision)).eval().save_pretrained(root)
     tokenizer.save_pretrained(root)
     SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(root)
+    return root
+
+
+def qwen_tokenizer() -> object:
+    """A byte-level Qwen2 tokenizer with no merges and Qwen2-VL's special tokens."""
+    from transformers import Qwen2Tokenizer
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab, merges=[], unk_token=None, pad_token="<|endoftext|>", eos_token="<|im_end|>"
+    )
+    specials = ["<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
+def tiny_colqwen2(root: Path, *, seed: int = 0) -> Path:
+    """ColQwen2ForRetrieval on a 2-layer Qwen2-VL; pages up to 56x112 px, so their token counts vary."""
+    from transformers import (
+        ColQwen2Config,
+        ColQwen2ForRetrieval,
+        ColQwen2Processor,
+        Qwen2VLConfig,
+        Qwen2VLImageProcessor,
+    )
+
+    torch.manual_seed(seed)
+    tokenizer: Any = qwen_tokenizer()
+    images = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 112, patch_size=14, merge_size=2)
+    processor = ColQwen2Processor(image_processor=images, tokenizer=tokenizer)
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "rope_parameters": rope,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}
+    tokens = {
+        "image_token_id": "<|image_pad|>",
+        "video_token_id": "<|video_pad|>",
+        "vision_start_token_id": "<|vision_start|>",
+        "vision_end_token_id": "<|vision_end|>",
+    }
+    ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items()}
+    vlm = Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+    ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm.to_dict(), embedding_dim=16)).eval().save_pretrained(root)
+    processor.save_pretrained(root)
     return root

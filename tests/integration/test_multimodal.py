@@ -4,6 +4,7 @@ weights, the real photo and WAVs by URL, data URI and upload, batched equals sin
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,15 +174,17 @@ def test_clap_parity_with_transformers(client: httpx.Client, models: dict[str, P
 
 
 def colpali_reference(path: Path, photo: bytes, query: str) -> tuple[np.ndarray, np.ndarray]:
+    """The model's own outputs for one page and one query (ColPali or ColQwen2, by the directory)."""
+    import transformers
     from PIL import Image
-    from transformers import ColPaliForRetrieval, ColPaliProcessor
 
-    model = ColPaliForRetrieval.from_pretrained(path).eval()
-    processor = ColPaliProcessor.from_pretrained(path)
-    keys = ("input_ids", "attention_mask", "token_type_ids", "pixel_values")
+    config = json.loads((path / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(path).eval()
+    processor = transformers.AutoProcessor.from_pretrained(path)
+    keys = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "image_grid_thw")
     with torch.inference_mode():
         page = processor.process_images([Image.open(io.BytesIO(photo)).convert("RGB")])
-        page_vectors = model(**{k: page[k] for k in keys}).embeddings[0].numpy()
+        page_vectors = model(**{k: page[k] for k in keys if k in page}).embeddings[0].numpy()
         asked = processor.process_queries([query])
         query_vectors = model(**{k: asked[k] for k in keys if k in asked}).embeddings[0].numpy()
     return page_vectors, query_vectors
@@ -195,13 +198,16 @@ def multivectors(response: httpx.Response) -> list[np.ndarray]:
     return out
 
 
-def test_colpali_parity_with_transformers(client: httpx.Client, models: dict[str, Path], data_dir: Path) -> None:
+@pytest.mark.parametrize("model", ["colpali", "colqwen2"])
+def test_page_model_parity_with_transformers(
+    client: httpx.Client, models: dict[str, Path], data_dir: Path, model: str
+) -> None:
     photo = (data_dir / PHOTO).read_bytes()
     query = "where are the cats?"
     parts = [("input", (None, query)), ("file", (PHOTO, photo, "image/jpeg"))]
-    response = client.post("/v1/embeddings/upload", data={"model": "colpali", "output": "multivector"}, files=parts)
+    response = client.post("/v1/embeddings/upload", data={"model": model, "output": "multivector"}, files=parts)
     got_query, got_page = multivectors(response)
-    want_page, want_query = colpali_reference(models["colpali"], photo, query)
+    want_page, want_query = colpali_reference(models[model], photo, query)
     np.testing.assert_allclose(got_page, want_page, atol=TOL)
     np.testing.assert_allclose(got_query, want_query, atol=TOL)
 
@@ -277,13 +283,14 @@ def test_audio_batched_equals_single(client: httpx.Client, data_dir: Path) -> No
     np.testing.assert_allclose(batched, single, atol=1e-5)
 
 
-def test_colpali_pages_batched_equal_single(client: httpx.Client, data_dir: Path) -> None:
+@pytest.mark.parametrize("model", ["colpali", "colqwen2"])
+def test_pages_batched_equal_single(client: httpx.Client, data_dir: Path, model: str) -> None:
     pages = photo_variants(data_dir)
-    batched = multivectors(
-        upload(client, "colpali", [(f"{i}.png", p) for i, p in enumerate(pages)], output="multivector")
-    )
+    batched = multivectors(upload(client, model, [(f"{i}.png", p) for i, p in enumerate(pages)], output="multivector"))
+    if model == "colqwen2":  # pages of other shapes have other token counts: padding is exercised
+        assert len({len(v) for v in batched}) > 1
     for page, together in zip(pages, batched, strict=True):
-        (alone,) = multivectors(upload(client, "colpali", [("p.png", page)], output="multivector"))
+        (alone,) = multivectors(upload(client, model, [("p.png", page)], output="multivector"))
         np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
@@ -339,3 +346,4 @@ def test_models_report_their_kind(client: httpx.Client) -> None:
     assert kinds["siglip"][0] == "image_text"
     assert kinds["clap"] == ("audio_text", ["embed_audio", "embed_text"])
     assert kinds["colpali"] == ("page_text", ["embed_image", "embed_text", "multivector"])
+    assert kinds["colqwen2"] == ("page_text", ["embed_image", "embed_text", "multivector"])
