@@ -1,12 +1,13 @@
 """A loopback HTTP server for media tests: files from a directory, redirects, a slow and a huge route.
 
 `GET /<name>` serves the file; `GET /redirect?to=<url>` answers 302 to `url`;
-`GET /big` streams more bytes than any test limit.
+`GET /big` streams more bytes than any test limit; `GET /slow/<name>` serves the file after a second.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,7 +40,11 @@ def _handler(directory: Path, hits: list[str]) -> type[BaseHTTPRequestHandler]:
                 for _ in range(64):
                     self.wfile.write(b"\0" * 65536)
                 return
-            path = directory / parsed.path.lstrip("/")
+            name = parsed.path.lstrip("/")
+            if name.startswith("slow/"):
+                time.sleep(1.0)
+                name = name.removeprefix("slow/")
+            path = directory / name
             if not path.is_file():
                 self.send_error(404)
                 return

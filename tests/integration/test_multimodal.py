@@ -3,8 +3,10 @@ weights, the real photo and WAVs by URL, data URI and upload, batched equals sin
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -259,6 +261,31 @@ def test_colpali_page_by_url_equals_upload(client: httpx.Client, files: tuple[st
     score = by_url.json()["results"][0]["relevance_score"]
     assert score == by_upload.json()["results"][0]["relevance_score"]
     assert score == pytest.approx(float((asked @ page.T).max(axis=1).sum()), abs=1e-4)
+
+
+def test_a_slow_fetch_does_not_hold_up_other_requests(
+    server: LiveServer, files: tuple[str, list[str]], data_dir: Path
+) -> None:
+    base, _ = files
+    photo = data_uri((data_dir / PHOTO).read_bytes(), "image/jpeg")
+
+    async def both() -> tuple[float, float]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+
+            async def timed(inputs: list[str]) -> float:
+                response = await http.post(
+                    "/v1/embeddings", json={"model": "clip", "input": inputs, "modality": "image"}
+                )
+                assert response.status_code == 200, response.text
+                return time.monotonic()
+
+            slow = asyncio.create_task(timed([f"{base}/slow/{PHOTO}"]))
+            await asyncio.sleep(0.2)
+            fast_done = await timed([photo])
+            return fast_done, await slow
+
+    fast_done, slow_done = asyncio.run(both())
+    assert fast_done < slow_done - 0.3  # the fast request finished while the slow URL was still being fetched
 
 
 # ---- batched equals single ------------------------------------------------------------------------
