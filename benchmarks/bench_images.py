@@ -10,8 +10,9 @@ photo in ../shared/data, starts `infinity-server serve` on a free loopback port,
 1. in-process: for each batch of 16, decode with Pillow, `CLIPImageProcessor`, `get_image_features`;
 2. HTTP multipart: 2 concurrent clients, 16 files per `POST /v1/embeddings/upload`;
 3. HTTP data URIs: 2 concurrent clients, 16 base64 data URIs per `POST /v1/embeddings` (modality image).
-Reports the median images/s of each and the ratio to in-process, and checks that the server's vectors
-equal the in-process ones.
+Reports the median images/s of each and the ratio to in-process, the CPU seconds spent per image
+(server plus client for HTTP; a figure that holds up better than wall time when other work shares
+the cores), and checks that the server's vectors equal the in-process ones.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTO = REPO.parent / "shared" / "data" / "cats_coco_sample.jpg"
@@ -101,11 +103,12 @@ class InProcess:
             vectors: np.ndarray = self.model.get_image_features(**pixels).pooler_output.numpy()
         return vectors
 
-    def run(self, items: list[bytes]) -> float:
-        started = time.perf_counter()
+    def run(self, items: list[bytes]) -> tuple[float, float]:
+        """(images/s, CPU seconds per image)."""
+        started, cpu = time.perf_counter(), time.process_time()
         for batch in batches(items):
             self.embed(batch)
-        return len(items) / (time.perf_counter() - started)
+        return len(items) / (time.perf_counter() - started), (time.process_time() - cpu) / len(items)
 
 
 def free_port() -> int:
@@ -151,7 +154,7 @@ def data_uris(batch: list[bytes]) -> dict[str, Any]:
 
 
 async def over_http(base: str, items: list[bytes], shape: Any) -> tuple[float, np.ndarray]:
-    """Images/s with CLIENTS concurrent clients sharing the batches; and the vectors in order."""
+    """Images/s with CLIENTS concurrent clients sharing the batches, and the vectors in input order."""
     work = list(enumerate(batches(items)))
     results: dict[int, np.ndarray] = {}
 
@@ -181,7 +184,7 @@ def main() -> None:
         port = free_port()
         server = start_server(root, Path(tmp), port)
         try:
-            report = measure(root, items, f"http://127.0.0.1:{port}", args.rounds)
+            report = measure(root, items, f"http://127.0.0.1:{port}", args.rounds, psutil.Process(server.pid))
         finally:
             server.terminate()
             server.wait(30)
@@ -190,17 +193,30 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=2))
 
 
-def measure(root: Path, items: list[bytes], base: str, rounds: int) -> dict[str, Any]:
+def timed_http(server: psutil.Process, base: str, items: list[bytes], shape: Any) -> tuple[float, float, np.ndarray]:
+    """(images/s, CPU seconds per image in server and client together, vectors)."""
+    before, cpu = server.cpu_times(), time.process_time()
+    rate, vectors = asyncio.run(over_http(base, items, shape))
+    after = server.cpu_times()
+    spent = (after.user - before.user) + (after.system - before.system) + time.process_time() - cpu
+    return rate, spent / len(items), vectors
+
+
+def measure(root: Path, items: list[bytes], base: str, rounds: int, server: psutil.Process) -> dict[str, Any]:
     local = InProcess(root)
     reference = np.concatenate([local.embed(b) for b in batches(items)])
     asyncio.run(over_http(base, items[:BATCH], multipart))  # warm-up
     rates: dict[str, list[float]] = {"in_process": [], "http_multipart": [], "http_data_uri": []}
+    cpu: dict[str, list[float]] = {name: [] for name in rates}
     worst = 0.0
     for _ in range(rounds):
-        rates["in_process"].append(local.run(items))
+        rate, per_image = local.run(items)
+        rates["in_process"].append(rate)
+        cpu["in_process"].append(per_image)
         for name, shape in (("http_multipart", multipart), ("http_data_uri", data_uris)):
-            rate, vectors = asyncio.run(over_http(base, items, shape))
+            rate, per_image, vectors = timed_http(server, base, items, shape)
             rates[name].append(rate)
+            cpu[name].append(per_image)
             worst = max(worst, float(np.abs(vectors - reference).max()))
     median = {name: statistics.median(values) for name, values in rates.items()}
     return {
@@ -210,6 +226,7 @@ def measure(root: Path, items: list[bytes], base: str, rounds: int) -> dict[str,
         "images_per_s": {k: round(v, 1) for k, v in median.items()},
         "all_rounds": {k: [round(x, 1) for x in v] for k, v in rates.items()},
         "ratio_to_in_process": {k: round(v / median["in_process"], 3) for k, v in median.items() if k != "in_process"},
+        "cpu_ms_per_image": {k: round(1000 * statistics.median(v), 1) for k, v in cpu.items()},
         "max_abs_difference_to_in_process": worst,
         "cpu_cores": len(os.sched_getaffinity(0)),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
