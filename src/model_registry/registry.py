@@ -415,43 +415,17 @@ class Registry:
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Results:
-        """Score each image (or audio clip) against a text query, in input order.
+        """Score each image (or audio clip) against a text query; one `Score` per item, in input order.
 
         Multi-vector models (ColPali) score by MaxSim over their token vectors; the others (CLIP,
         open_clip, CLAP) by the cosine of their vectors in the shared space.
         """
-        import numpy as np
+        from model_registry.media import media_rerank_outputs, media_scores
 
-        from model_registry.scoring import cosine, maxsim
-        from model_registry.types import Score
-
-        handle = self._handle(model)
-        adapter = await self._ensure_loaded(handle)
-        if not {Capability.EMBED_IMAGE, Capability.EMBED_AUDIO} & adapter.capabilities:
-            raise UnsupportedOperation(
-                f"the model '{model}' does not embed images or audio; rerank media with a CLIP, CLAP or ColPali model",
-                param="model",
-            )
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInput("the query must be non-empty text", param="query")
-        multi = Capability.MULTIVECTOR in adapter.capabilities
-        outputs = (Output.MULTIVECTOR,) if multi else (Output.DENSE,)
+        adapter = await self._ensure_loaded(self._handle(model))
+        outputs = media_rerank_outputs(model, adapter.capabilities, query)
         options: dict[str, Any] = {"outputs": outputs, "priority": priority, "timeout": timeout}
         asked, documents = await asyncio.gather(
             self.embed(model, [query], **options), self.embed(model, list(media), **options)
         )
-        query_vector, vectors = _array(asked.items[0], multi), [_array(d, multi) for d in documents.items]
-        if multi:
-            scores = [maxsim(query_vector, d) for d in vectors]
-        else:
-            scores = cosine(query_vector, np.stack(vectors)).tolist()
-        return Results(tuple(Score(float(s)) for s in scores), asked.tokens + documents.tokens)
-
-
-def _array(result: Any, multi: bool) -> Any:
-    """The dense vector or the multi-vector of an embedding result."""
-    from model_registry.types import Embedding
-
-    array = (result.multivector if multi else result.dense) if isinstance(result, Embedding) else None
-    assert array is not None, "This is a bug: an embedding model returned no vector for an input"
-    return array
+        return media_scores(asked, documents, multivector=Output.MULTIVECTOR in outputs)
