@@ -374,3 +374,13 @@ def test_models_report_their_kind(client: httpx.Client) -> None:
     assert kinds["clap"] == ("audio_text", ["embed_audio", "embed_text"])
     assert kinds["colpali"] == ("page_text", ["embed_image", "embed_text", "multivector"])
     assert kinds["colqwen2"] == ("page_text", ["embed_image", "embed_text", "multivector"])
+
+
+def test_page_models_answer_only_multivector_requests(client: httpx.Client, data_dir: Path) -> None:
+    photo = data_uri((data_dir / PHOTO).read_bytes(), "image/jpeg")
+    response = client.post("/v1/embeddings", json={"model": "colpali", "input": [photo], "modality": "image"})
+    assert response.status_code == 400, response.text
+    assert "multivector" in response.json()["error"]["message"]
+    dense_only = upload(client, "clip", [(PHOTO, (data_dir / PHOTO).read_bytes())], output="multivector")
+    assert dense_only.status_code == 400, dense_only.text
+    assert "cannot produce multivector" in dense_only.json()["error"]["message"]
