@@ -150,13 +150,7 @@ class MediaFetcher:
     async def _fetch(self, client: httpx.AsyncClient, url: str, index: int) -> bytes:
         current = httpx.URL(url)
         for _ in range(self.policy.max_redirects + 1):
-            target, extensions = await self._checked_target(current, index)
-            headers = {"Host": current.netloc.decode("ascii"), "Accept": "*/*"}
-            request = client.build_request("GET", target, headers=headers, extensions=extensions)
-            try:
-                response = await client.send(request, stream=True)
-            except httpx.HTTPError as error:
-                raise _bad(index, f"fetching {current} failed: {type(error).__name__} {error}") from None
+            response = await self._send(client, current, index)
             try:
                 if response.status_code in _REDIRECTS and "location" in response.headers:
                     current = current.join(response.headers["location"])
@@ -168,8 +162,8 @@ class MediaFetcher:
                 await response.aclose()
         raise _bad(index, f"fetching {url} took more than {self.policy.max_redirects} redirects")
 
-    async def _checked_target(self, url: httpx.URL, index: int) -> tuple[httpx.URL, dict[str, str]]:
-        """The URL rewritten to a checked address of its host, and the TLS server name to use."""
+    async def _send(self, client: httpx.AsyncClient, url: httpx.URL, index: int) -> httpx.Response:
+        """GET `url` from the first checked address of its host that accepts a connection."""
         if url.scheme not in ("http", "https"):
             raise _bad(index, f"'{url.scheme}:' URLs are not fetched (a redirect led to {url})")
         host = url.host
@@ -177,18 +171,27 @@ class MediaFetcher:
             raise _bad(index, f"the URL {url} has no host")
         port = url.port or (443 if url.scheme == "https" else 80)
         trusted = self.policy.allow_private or host.lower() in self.policy.allowed_hosts
-        address = await self._address(host, port, index, trusted)
+        addresses = await self._addresses(host, port, index, trusted)
+        headers = {"Host": url.netloc.decode("ascii"), "Accept": "*/*"}
         extensions = {"sni_hostname": host} if url.scheme == "https" else {}
-        return url.copy_with(host=address), extensions
+        failure: httpx.HTTPError | None = None
+        for address in addresses:
+            target = url.copy_with(host=address)
+            request = client.build_request("GET", target, headers=headers, extensions=extensions)
+            try:
+                return await client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+                failure = error  # another address of the same host may answer
+            except httpx.HTTPError as error:
+                failure = error
+                break
+        raise _bad(index, f"fetching {url} failed: {type(failure).__name__} {failure}")
 
-    async def _address(self, host: str, port: int, index: int, trusted: bool) -> str:
+    async def _addresses(self, host: str, port: int, index: int, trusted: bool) -> list[str]:
+        """Every address `host` resolves to, all of them checked; one refused address refuses the host."""
         try:
-            literal: Address | None = ipaddress.ip_address(host)
+            candidates: list[Address] = [ipaddress.ip_address(host)]
         except ValueError:
-            literal = None
-        if literal is not None:
-            candidates = [literal]
-        else:
             try:
                 resolved = await self.resolver(host, port)
             except OSError as error:
@@ -204,7 +207,7 @@ class MediaFetcher:
                     f"the URL's host '{host}' is a {reason} address ({address}); such addresses are not fetched "
                     "unless the server allows them (server.media_allow_private or server.media_allowed_hosts)",
                 )
-        return str(candidates[0])
+        return list(dict.fromkeys(str(a) for a in candidates))
 
     async def _read(self, response: httpx.Response, url: httpx.URL, index: int) -> bytes:
         limit = self.policy.max_bytes

@@ -176,3 +176,35 @@ def test_data_uris() -> None:
         fetch(f, "data:image/png;base64," + base64.b64encode(b"x" * 300).decode())
     with pytest.raises(InvalidInput, match="input 1: a data URI needs a ','"):
         fetch(f, f"data:image/png;base64,{payload}", "data:image/png;base64")
+
+
+def test_next_address_is_tried_when_one_does_not_connect() -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        if request.url.host == "2606:4700:4700::1111":
+            raise httpx.ConnectError("unreachable", request=request)
+        return httpx.Response(200, content=b"v4")
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["2606:4700:4700::1111", PUBLIC]
+
+    f = MediaFetcher(FetchPolicy(), resolver=resolver, transport=httpx.MockTransport(handler))
+    (media,) = asyncio.run(f.load_all(["http://dual.example/a.png"], Modality.IMAGE))
+    assert media.data == b"v4"
+    assert seen == ["2606:4700:4700::1111", PUBLIC]
+
+
+def test_allowed_ipv6_literal_is_fetched_at_that_address() -> None:
+    recorder = Recorder({"::1/a.png": httpx.Response(200, content=b"six")})
+    (media,) = fetch(fetcher(recorder, allowed_hosts=frozenset({"::1"})), "http://[::1]:8080/a.png")
+    assert media.data == b"six"
+    assert recorder.seen[0].headers["host"] == "[::1]:8080"
+
+
+def test_a_host_with_one_private_address_among_public_ones_is_refused() -> None:
+    recorder = Recorder({})
+    with pytest.raises(InvalidInput, match=r"is a private address \(10\.9\.9\.9\)"):
+        fetch(fetcher(recorder, {"mixed.example": [PUBLIC, "10.9.9.9"]}), "http://mixed.example/a.png")
+    assert recorder.seen == []
