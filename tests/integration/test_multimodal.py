@@ -4,6 +4,7 @@ weights, the real photo and WAVs by URL, data URI and upload, batched equals sin
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import time
@@ -384,3 +385,23 @@ def test_page_models_answer_only_multivector_requests(client: httpx.Client, data
     dense_only = upload(client, "clip", [(PHOTO, (data_dir / PHOTO).read_bytes())], output="multivector")
     assert dense_only.status_code == 400, dense_only.text
     assert "cannot produce multivector" in dense_only.json()["error"]["message"]
+
+
+def test_upload_options(client: httpx.Client, data_dir: Path) -> None:
+    photo = (data_dir / PHOTO).read_bytes()
+    full = vectors(upload(client, "clip", [(PHOTO, photo)]))[0]
+    cut = vectors(upload(client, "clip", [(PHOTO, photo)], dimensions="8"))[0]
+    np.testing.assert_allclose(cut, full[:8] / np.linalg.norm(full[:8]), atol=1e-6)
+    as_base64 = upload(client, "clip", [(PHOTO, photo)], encoding_format="base64").json()["data"][0]["embedding"]
+    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(as_base64), dtype="<f4"), full)
+    for name, value in (("dimensions", "eight"), ("output", "sparse"), ("encoding_format", "hex")):
+        bad = upload(client, "clip", [(PHOTO, photo)], **{name: value})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["param"] == name
+    files = [(f"f{i}", (f"{i}.png", p, "image/png")) for i, p in enumerate(photo_variants(data_dir))]
+    top = client.post("/v1/rerank/images/upload", data={"model": "clip", "query": "cats", "top_n": "1"}, files=files)
+    assert top.status_code == 200, top.text
+    assert len(top.json()["results"]) == 1
+    missing = client.post("/v1/rerank/images/upload", data={"model": "clip"}, files=files)
+    assert missing.status_code == 422
+    assert missing.json()["error"]["param"] == "query"

@@ -176,8 +176,17 @@ async def upload(request: Request) -> Response:
         await form.close()
     if output == Output.MULTIVECTOR:
         return _multivector_list(model, results, encoding)
-    dimensions = field(form, "dimensions")
-    return embedding_list(model, results, encoding, int(dimensions) if dimensions and dimensions.isdigit() else None)
+    return embedding_list(model, results, encoding, number(form, "dimensions"))
+
+
+def number(form: FormData, name: str) -> int | None:
+    """An optional positive integer form field."""
+    value = field(form, name)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise InvalidInput(f"{name} must be a positive integer, got '{value}'", param=name)
+    return int(value)
 
 
 def _choice(form: FormData, name: str, accepted: Sequence[str]) -> str:
@@ -224,12 +233,12 @@ async def rerank_images_upload(request: Request) -> Response:
         limit = request.app.state.settings.server.media_max_bytes
         contents = await uploaded_contents(form, limit, "image")
         media = [c for c in contents if isinstance(c, Media)]
-        top = field(form, "top_n")
+        top_n = number(form, "top_n")
         results = await until_disconnected(request, registry.rerank_media(model, query, media))
     finally:
         await form.close()
     names = [m.source for m in media]
-    return rerank_response(model, results, int(top) if top and top.isdigit() else None, names)
+    return rerank_response(model, results, top_n, names)
 
 
 routes = [
