@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from model_registry.config import RegistryConfig, format_validation_error, read_yaml, registry_config
 from model_registry.errors import ConfigError
@@ -43,6 +43,12 @@ class ServerSettings(BaseModel):
     media_max_redirects: int = Field(default=3, ge=0, le=20)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
     max_audio_seconds: float = Field(default=600.0, gt=0)
+
+    @field_validator("media_allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: Any) -> Any:
+        """Also accept "a.example,b.example", as an environment variable gives it."""
+        return tuple(h.strip() for h in value.split(",") if h.strip()) if isinstance(value, str) else value
 
 
 #: Server keys that are really registry limits; they are passed down to the registry.

@@ -208,3 +208,16 @@ def test_a_host_with_one_private_address_among_public_ones_is_refused() -> None:
     with pytest.raises(InvalidInput, match=r"is a private address \(10\.9\.9\.9\)"):
         fetch(fetcher(recorder, {"mixed.example": [PUBLIC, "10.9.9.9"]}), "http://mixed.example/a.png")
     assert recorder.seen == []
+
+
+def test_media_settings_from_the_environment() -> None:
+    from infinity_server.settings import load_settings
+
+    environ = {
+        "INFINITY_SERVER_MEDIA_ALLOWED_HOSTS": "images.internal, 10.1.2.3",
+        "INFINITY_SERVER_MAX_AUDIO_SECONDS": "30",
+    }
+    settings = load_settings(environ=environ)
+    assert settings.server.media_allowed_hosts == ("images.internal", "10.1.2.3")
+    assert settings.registry.max_audio_seconds == 30
+    assert settings.server.media_allow_private is False
