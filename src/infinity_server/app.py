@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity_server.api import native, openai
+from infinity_server.api import media, native, openai
 from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
 from infinity_server.metrics import Metrics
 from infinity_server.settings import Settings
@@ -144,7 +144,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
             await engine.stop()
 
     app = Starlette(
-        routes=[*openai.routes, *native.routes],
+        routes=[*openai.routes, *native.routes, *media.routes],
         lifespan=lifespan,
         exception_handlers={
             HTTPError: handle_exception,

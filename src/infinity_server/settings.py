@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from model_registry.config import RegistryConfig, format_validation_error, read_yaml, registry_config
 from model_registry.errors import ConfigError
@@ -35,10 +35,31 @@ class ServerSettings(BaseModel):
     max_inputs_per_request: int = Field(default=2048, ge=1)
     max_input_chars: int = Field(default=100_000, ge=1)
     graceful_timeout: float = Field(default=10.0, ge=0)
+    # Media: what URLs may point at, how much is read, how large a decoded input may be.
+    media_allow_private: bool = False
+    media_allowed_hosts: tuple[str, ...] = ()
+    media_max_bytes: int = Field(default=16 * 2**20, ge=1)
+    media_fetch_timeout: float = Field(default=10.0, gt=0)
+    media_max_redirects: int = Field(default=3, ge=0, le=20)
+    max_image_pixels: int = Field(default=40_000_000, ge=1)
+    max_audio_seconds: float = Field(default=600.0, gt=0)
+
+    @field_validator("media_allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: Any) -> Any:
+        """Also accept "a.example,b.example", as an environment variable gives it."""
+        return tuple(h.strip() for h in value.split(",") if h.strip()) if isinstance(value, str) else value
 
 
 #: Server keys that are really registry limits; they are passed down to the registry.
-_REGISTRY_KEYS = ("memory_budget", "request_timeout", "max_inputs_per_request", "max_input_chars")
+_REGISTRY_KEYS = (
+    "memory_budget",
+    "request_timeout",
+    "max_inputs_per_request",
+    "max_input_chars",
+    "max_image_pixels",
+    "max_audio_seconds",
+)
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,8 @@ class RegistryConfig(_Frozen):
     max_input_chars: int = Field(default=100_000, ge=1)
     prepare_threads: int = Field(default=2, ge=1, le=64)
     small_request_items: int = Field(default=8, ge=0)
+    max_image_pixels: int = Field(default=40_000_000, ge=1)
+    max_audio_seconds: float = Field(default=600.0, gt=0)
 
     @field_validator("memory_budget")
     @classmethod

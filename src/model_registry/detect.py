@@ -135,7 +135,26 @@ def _sentence_transformers(root: Path, modules: list[dict[str, Any]]) -> dict[st
     return found
 
 
+_MEDIA_KINDS = {
+    "clip": Kind.IMAGE_TEXT,
+    "siglip": Kind.IMAGE_TEXT,
+    "clap": Kind.AUDIO_TEXT,
+    "colpali": Kind.PAGE_TEXT,
+    "colqwen2": Kind.PAGE_TEXT,
+}
+_MEDIA_ARCHITECTURES = {
+    "CLIPModel": Kind.IMAGE_TEXT,
+    "SiglipModel": Kind.IMAGE_TEXT,
+    "ClapModel": Kind.AUDIO_TEXT,
+    "ColPaliForRetrieval": Kind.PAGE_TEXT,
+    "ColQwen2ForRetrieval": Kind.PAGE_TEXT,
+}
+
+
 def _kind_from_architectures(model_type: str, architectures: tuple[str, ...]) -> Kind:
+    media = [_MEDIA_ARCHITECTURES[a] for a in architectures if a in _MEDIA_ARCHITECTURES]
+    if media or model_type in _MEDIA_KINDS:
+        return media[0] if media else _MEDIA_KINDS[model_type]
     if any(arch.endswith("ForSequenceClassification") for arch in architectures):
         return Kind.RERANKER
     return Kind.DENSE
@@ -146,6 +165,8 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
     modules = json.loads((root / "modules.json").read_text()) if (root / "modules.json").is_file() else None
     found = _sentence_transformers(root, modules) if isinstance(modules, list) else {}
     transformer_dir = Path(found.get("transformer_dir", root))
+    if not (transformer_dir / "config.json").is_file() and (root / "open_clip_config.json").is_file():
+        return open_clip_layout(root, spec)
     config = read_json(transformer_dir / "config.json")
     if not config and spec.kind != Kind.FAKE:
         raise ModelUnavailable(f"no config.json in {transformer_dir}: not a transformers model directory")
@@ -177,3 +198,12 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         config=config,
         modules=tuple(found.get("modules", ())),
     )
+
+
+def open_clip_layout(root: Path, spec: ModelSpec) -> Layout:
+    """An open_clip directory: `open_clip_config.json` (model_cfg, preprocess_cfg) and its weights."""
+    config = read_json(root / "open_clip_config.json")
+    if not isinstance(config.get("model_cfg"), dict):
+        raise ModelUnavailable(f"{root / 'open_clip_config.json'} has no 'model_cfg' object")
+    kind = spec.kind if spec.kind != "auto" else Kind.IMAGE_TEXT
+    return Layout(root=root, kind=kind, transformer_dir=root, model_type="open_clip", architectures=(), config=config)

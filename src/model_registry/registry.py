@@ -236,7 +236,15 @@ class Registry:
 
     def _build(self, spec: ModelSpec) -> Adapter:
         adapter = create_adapter(spec)
-        adapter.load(LoadOptions(device=spec.device, dtype=spec.dtype, max_batch_tokens=self._batch_tokens(spec)))
+        adapter.load(
+            LoadOptions(
+                device=spec.device,
+                dtype=spec.dtype,
+                max_batch_tokens=self._batch_tokens(spec),
+                max_image_pixels=self.config.max_image_pixels,
+                max_audio_seconds=self.config.max_audio_seconds,
+            )
+        )
         return adapter
 
     @staticmethod
@@ -395,3 +403,29 @@ class Registry:
             known = ", ".join(sorted(adapter.prompts)) or "none"
             raise InvalidInput(f"unknown prompt_name '{name}'; this model's prompts are: {known}", param="prompt_name")
         return adapter.prompts[name]
+
+    # ---- media rerank ----------------------------------------------------------------------------
+
+    async def rerank_media(
+        self,
+        model: str,
+        query: str,
+        media: Sequence[Media],
+        *,
+        priority: int | None = None,
+        timeout: float | None = None,
+    ) -> Results:
+        """Score each image (or audio clip) against a text query; one `Score` per item, in input order.
+
+        Multi-vector models (ColPali) score by MaxSim over their token vectors; the others (CLIP,
+        open_clip, CLAP) by the cosine of their vectors in the shared space.
+        """
+        from model_registry.media import media_rerank_outputs, media_scores
+
+        adapter = await self._ensure_loaded(self._handle(model))
+        outputs = media_rerank_outputs(model, adapter.capabilities, query)
+        options: dict[str, Any] = {"outputs": outputs, "priority": priority, "timeout": timeout}
+        asked, documents = await asyncio.gather(
+            self.embed(model, [query], **options), self.embed(model, list(media), **options)
+        )
+        return media_scores(asked, documents, multivector=Output.MULTIVECTOR in outputs)

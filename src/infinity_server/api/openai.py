@@ -45,7 +45,9 @@ async def embeddings(request: Request) -> Response:
     body = await parse_body(request, EmbeddingRequest)
     registry = registry_of(request)
     if body.modality != "text":
-        raise UnsupportedOperation(f"modality '{body.modality}' is not supported by this server yet", param="modality")
+        from infinity_server.api.media import embed_media  # the media module builds on this one
+
+        return await embed_media(request, body)
     results = await until_disconnected(
         request,
         registry.embed(

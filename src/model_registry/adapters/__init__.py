@@ -18,6 +18,14 @@ __all__ = ["Adapter", "LoadOptions", "create_adapter"]
 #: kind -> "module:class"; each class takes (layout, trust_remote_code).
 FACTORIES: dict[Kind, str] = {
     Kind.DENSE: "model_registry.adapters.dense:DenseAdapter",
+    Kind.IMAGE_TEXT: "model_registry.adapters.clip:ClipAdapter",
+    Kind.AUDIO_TEXT: "model_registry.adapters.clap:ClapAdapter",
+    Kind.PAGE_TEXT: "model_registry.adapters.colpali:ColPaliAdapter",
+}
+
+#: Layouts served by another adapter than their kind's default (model_type -> "module:class").
+LAYOUT_FACTORIES: dict[str, str] = {
+    "open_clip": "model_registry.adapters.open_clip:OpenClipAdapter",
 }
 
 
@@ -45,5 +53,6 @@ def create_adapter(spec: ModelSpec) -> Adapter:
     if layout.kind not in FACTORIES:
         served = ", ".join(sorted(k.value for k in FACTORIES))
         raise ModelUnavailable(f"models of kind '{layout.kind.value}' are not supported yet; supported: {served}")
-    adapter: Adapter = _import(FACTORIES[layout.kind])(layout, spec.trust_remote_code)
+    target = LAYOUT_FACTORIES.get(layout.model_type, FACTORIES[layout.kind])
+    adapter: Adapter = _import(target)(layout, spec.trust_remote_code)
     return adapter

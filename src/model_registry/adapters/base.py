@@ -36,6 +36,8 @@ class LoadOptions:
     dtype: str
     max_batch_tokens: int
     threads: int | None = None
+    max_image_pixels: int = 40_000_000
+    max_audio_seconds: float = 600.0
 
 
 class Adapter(abc.ABC):

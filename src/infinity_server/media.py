@@ -1,0 +1,225 @@
+"""Images and audio from URLs (guarded), data URIs and uploads, as `Media` for the engine.
+
+A URL is fetched only over http(s), within a timeout, a byte limit and a redirect limit, and only
+from a public address: the host is resolved here, every address it resolves to is checked, and
+the connection goes to the checked address (with the original Host header and TLS server name),
+so a DNS answer cannot change between the check and the connection. Every redirect is checked the
+same way. Loopback, private, link-local, cloud-metadata, multicast and unspecified addresses are
+refused unless the configuration allows private addresses or names the host in `allowed_hosts`.
+
+Every failure is an `InvalidInput` naming the input's index: a 400 for the request, nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import ipaddress
+import socket
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from model_registry.errors import InvalidInput
+from model_registry.types import Media, Modality
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: host, port -> the addresses it resolves to.
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_INLINE_DECODE = 64 * 1024  # larger data URIs are decoded on a thread, off the event loop
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """What a URL may point at and how much of it is read."""
+
+    allow_private: bool = False
+    allowed_hosts: frozenset[str] = frozenset()
+    max_bytes: int = 16 * 2**20
+    timeout: float = 10.0
+    max_redirects: int = 3
+
+
+def _bad(index: int, message: str) -> InvalidInput:
+    return InvalidInput(f"input {index}: {message}", param="input")
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def refused_reason(address: Address) -> str | None:
+    """Why an address may not be fetched from, or None for a public one."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    checks = (
+        ("loopback", address.is_loopback),
+        ("unspecified", address.is_unspecified),
+        ("link-local (cloud metadata lives there)", address.is_link_local),
+        ("multicast", address.is_multicast),
+        ("private", address.is_private),
+        ("reserved", address.is_reserved),
+    )
+    found = next((name for name, hit in checks if hit), None)
+    if found is None and not address.is_global:
+        found = "non-public"
+    return found
+
+
+def parse_data_uri(value: str, index: int, modality: Modality, limit: int) -> tuple[str, bool]:
+    """(payload, is_base64) of a `data:` URI whose media type fits `modality`."""
+    header, comma, payload = value.partition(",")
+    if not comma:
+        raise _bad(index, "a data URI needs a ',' between its header and its data")
+    params = header.removeprefix("data:").split(";")
+    mediatype, is_base64 = params[0].strip().lower(), "base64" in (p.strip().lower() for p in params[1:])
+    major = mediatype.partition("/")[0]
+    if mediatype and major != modality.value and mediatype != "application/octet-stream":
+        raise _bad(index, f"the data URI holds '{mediatype}', not {modality.value} data")
+    if (len(payload) * 3 // 4 if is_base64 else len(payload)) > limit + 3:
+        raise _bad(index, f"the data URI holds more than the limit of {limit:,} bytes")
+    return payload, is_base64
+
+
+def decode_payload(payload: str, is_base64: bool, index: int, limit: int) -> bytes:
+    try:
+        data = base64.b64decode(payload, validate=True) if is_base64 else urllib.parse.unquote_to_bytes(payload)
+    except (binascii.Error, ValueError) as error:
+        raise _bad(index, f"the data URI's base64 is invalid ({error})") from None
+    if not data:
+        raise _bad(index, "the data URI holds no data")
+    if len(data) > limit:
+        raise _bad(index, f"the data URI holds {len(data):,} bytes, more than the limit of {limit:,}")
+    return data
+
+
+class MediaFetcher:
+    """Turns URLs and data URIs into `Media`, concurrently, within a `FetchPolicy`."""
+
+    def __init__(
+        self,
+        policy: FetchPolicy,
+        *,
+        resolver: Resolver = system_resolver,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.policy, self.resolver, self.transport = policy, resolver, transport
+
+    async def load_all(self, values: Sequence[str], modality: Modality) -> list[Media]:
+        """Every input at once; the first failure (lowest index) is the one reported."""
+        async with self._client() as client:
+            tasks = [self.load(client, value, i, modality) for i, value in enumerate(values)]
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return [o for o in outcomes if isinstance(o, Media)]
+
+    async def load(self, client: httpx.AsyncClient, value: str, index: int, modality: Modality) -> Media:
+        if not isinstance(value, str) or not value.strip():
+            raise _bad(index, f"expected a URL or a data URI of {modality.value} data")
+        value = value.strip()
+        scheme = value.partition(":")[0].lower()
+        if scheme == "data":
+            payload, is_base64 = parse_data_uri(value, index, modality, self.policy.max_bytes)
+            limit = self.policy.max_bytes
+            if len(payload) > _INLINE_DECODE:
+                data = await asyncio.to_thread(decode_payload, payload, is_base64, index, limit)
+            else:
+                data = decode_payload(payload, is_base64, index, limit)
+            return Media(modality, data, source="data-uri")
+        if scheme not in ("http", "https"):
+            raise _bad(index, f"'{scheme}:' URLs are not fetched; use http(s) URLs or data URIs")
+        try:
+            data = await asyncio.wait_for(self._fetch(client, value, index), self.policy.timeout)
+        except TimeoutError:
+            raise _bad(index, f"fetching {value} took longer than {self.policy.timeout:g}s") from None
+        return Media(modality, data, source=value)
+
+    def _client(self) -> httpx.AsyncClient:
+        timeout = httpx.Timeout(self.policy.timeout)
+        return httpx.AsyncClient(timeout=timeout, follow_redirects=False, transport=self.transport, trust_env=False)
+
+    async def _fetch(self, client: httpx.AsyncClient, url: str, index: int) -> bytes:
+        current = httpx.URL(url)
+        for _ in range(self.policy.max_redirects + 1):
+            response = await self._send(client, current, index)
+            try:
+                if response.status_code in _REDIRECTS and "location" in response.headers:
+                    current = current.join(response.headers["location"])
+                    continue
+                if response.status_code != 200:
+                    raise _bad(index, f"fetching {current} answered HTTP {response.status_code}")
+                return await self._read(response, current, index)
+            finally:
+                await response.aclose()
+        raise _bad(index, f"fetching {url} took more than {self.policy.max_redirects} redirects")
+
+    async def _send(self, client: httpx.AsyncClient, url: httpx.URL, index: int) -> httpx.Response:
+        """GET `url` from the first checked address of its host that accepts a connection."""
+        if url.scheme not in ("http", "https"):
+            raise _bad(index, f"'{url.scheme}:' URLs are not fetched (a redirect led to {url})")
+        host = url.host
+        if not host:
+            raise _bad(index, f"the URL {url} has no host")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        trusted = self.policy.allow_private or host.lower() in self.policy.allowed_hosts
+        addresses = await self._addresses(host, port, index, trusted)
+        headers = {"Host": url.netloc.decode("ascii"), "Accept": "*/*"}
+        extensions = {"sni_hostname": host} if url.scheme == "https" else {}
+        failure: httpx.HTTPError | None = None
+        for address in addresses:
+            target = url.copy_with(host=address)
+            request = client.build_request("GET", target, headers=headers, extensions=extensions)
+            try:
+                return await client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+                failure = error  # another address of the same host may answer
+            except httpx.HTTPError as error:
+                failure = error
+                break
+        raise _bad(index, f"fetching {url} failed: {type(failure).__name__} {failure}")
+
+    async def _addresses(self, host: str, port: int, index: int, trusted: bool) -> list[str]:
+        """Every address `host` resolves to, all of them checked; one refused address refuses the host."""
+        try:
+            candidates: list[Address] = [ipaddress.ip_address(host)]
+        except ValueError:
+            try:
+                resolved = await self.resolver(host, port)
+            except OSError as error:
+                raise _bad(index, f"the host '{host}' cannot be resolved ({error})") from None
+            candidates = [ipaddress.ip_address(a.partition("%")[0]) for a in resolved]
+        if not candidates:
+            raise _bad(index, f"the host '{host}' resolves to no address")
+        for address in candidates:
+            reason = refused_reason(address)
+            if reason is not None and not trusted:
+                raise _bad(
+                    index,
+                    f"the URL's host '{host}' is a {reason} address ({address}); such addresses are not fetched "
+                    "unless the server allows them (server.media_allow_private or server.media_allowed_hosts)",
+                )
+        return list(dict.fromkeys(str(a) for a in candidates))
+
+    async def _read(self, response: httpx.Response, url: httpx.URL, index: int) -> bytes:
+        limit = self.policy.max_bytes
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _bad(index, f"{url} is {int(declared):,} bytes, more than the limit of {limit:,}")
+        chunks, seen = [], 0
+        async for chunk in response.aiter_bytes(_CHUNK):
+            seen += len(chunk)
+            if seen > limit:
+                raise _bad(index, f"{url} is more than the limit of {limit:,} bytes")
+            chunks.append(chunk)
+        if not seen:
+            raise _bad(index, f"{url} is empty")
+        return b"".join(chunks)

@@ -1,0 +1,38 @@
+"""Wire models of the media routes: Infinity's `/embeddings_image`, `/embeddings_audio`, image rerank."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+
+
+class MediaEmbeddingRequest(BaseModel):
+    """Infinity's `POST /embeddings_image` and `/embeddings_audio`: URLs or data URIs."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: StrictStr
+    input: NonEmpty | list[NonEmpty]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = None
+    user: StrictStr | None = None
+    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+
+    def inputs(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class MediaRerankRequest(BaseModel):
+    """`POST /v1/rerank/images` (and `/v1/rerank/audio`): media documents ranked against a text query."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: StrictStr
+    query: NonEmpty
+    documents: Annotated[list[NonEmpty], Field(min_length=1)]
+    top_n: StrictInt | None = Field(default=None, ge=1)
+    return_documents: bool = False
+    priority: StrictInt | None = Field(default=None, ge=-100, le=100)

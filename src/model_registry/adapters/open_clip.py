@@ -1,0 +1,116 @@
+"""open_clip models from a local directory: `open_clip_config.json` (model_cfg + preprocess_cfg,
+the layout of hub-style repos) beside `open_clip_model.safetensors` or `open_clip_pytorch_model.bin`.
+
+open_clip (the `open_clip` extra) is imported only here. Its own tokenizer pads every text to the
+context length and its own image transform resizes and normalises; both run in `prepare`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.backends import torch as backend
+from model_registry.detect import Layout
+from model_registry.errors import InvalidInput, ModelUnavailable, UnsupportedOperation
+from model_registry.media import MediaLimits, decode_image, media_of
+from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Modality, Output, Prepared, Result, Text
+
+
+@dataclass(frozen=True)
+class ClipBatch:
+    group: str
+    tensor: torch.Tensor
+
+
+class OpenClipAdapter(Adapter):
+    kind = Kind.IMAGE_TEXT
+    capabilities = frozenset({Capability.EMBED_TEXT, Capability.EMBED_IMAGE})
+    backend = "torch"
+
+    def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
+        self.layout = layout
+        self.model: Any = None
+        self.transform: Any = None
+        self.tokenizer: Any = None
+        self.device = "cpu"
+        self.dtype = torch.float32
+        self.limits = MediaLimits()
+        self.patches = 1
+        self._footprint = 0
+
+    def load(self, options: LoadOptions) -> None:
+        try:
+            import open_clip
+        except ImportError as error:
+            raise ModelUnavailable(
+                "open_clip models need the 'open_clip' extra: pip install 'infinity-server[open_clip]'"
+            ) from error
+        self.device = backend.resolve_device(options.device)
+        self.dtype = backend.resolve_dtype(options.dtype, self.device)
+        backend.configure_threads(options.threads)
+        self.limits = MediaLimits(options.max_image_pixels, options.max_audio_seconds)
+        name = f"local-dir:{self.layout.root}"
+        model, _, transform = open_clip.create_model_and_transforms(name, device=self.device, precision="fp32")
+        self.model = model.to(dtype=self.dtype).eval()
+        self.transform = transform
+        self.tokenizer = open_clip.get_tokenizer(name)
+        self.max_length = int(getattr(self.tokenizer, "context_length", 77))
+        grid = getattr(self.model.visual, "grid_size", None)
+        self.patches = int(np.prod(grid)) + 1 if grid else 1
+        probe = self.model.encode_text(self.tokenizer(["a"]).to(self.device))
+        self.dimensions = int(probe.shape[-1])
+        self._footprint = backend.module_bytes(self.model) * 2
+
+    def unload(self) -> None:
+        self.model = self.transform = self.tokenizer = None
+        backend.release(self.device)
+
+    def footprint(self) -> int:
+        return self._footprint
+
+    def prepare(self, items: Sequence[Item]) -> list[Prepared]:
+        prepared = []
+        for index, item in enumerate(items):
+            media = media_of(index, item, frozenset({Modality.IMAGE}))
+            if media is not None:
+                pixels = self.transform(decode_image(media.data, index, self.limits))
+                prepared.append(Prepared(index, self.patches, 0, pixels, "image"))
+                continue
+            ids = self.tokenizer([self._text(index, item)])[0]
+            used = int((ids != 0).sum())
+            prepared.append(Prepared(index, self.max_length or used, used, ids, "text"))
+        return prepared
+
+    @staticmethod
+    def _text(index: int, item: Item) -> str:
+        assert isinstance(item, EmbedItem), "This is a bug: media_of lets only EmbedItem through"
+        if item.outputs - {Output.DENSE}:
+            raise UnsupportedOperation("this model produces dense vectors only", param="outputs")
+        if not isinstance(item.content, Text):
+            raise InvalidInput(f"input {index}: this model takes text, not token ids", param="input")
+        return item.prompt + item.content.text
+
+    def collate(self, items: Sequence[Prepared]) -> ClipBatch:
+        stacked = torch.stack([p.data for p in items]).to(self.device)
+        if items[0].group == "image":
+            stacked = stacked.to(self.dtype)
+        return ClipBatch(items[0].group, stacked)
+
+    def forward(self, batch: ClipBatch) -> torch.Tensor:
+        with torch.inference_mode():
+            encode = self.model.encode_image if batch.group == "image" else self.model.encode_text
+            vectors: torch.Tensor = encode(batch.tensor)
+            return vectors.float().cpu()
+
+    def postprocess(self, batch: ClipBatch, output: torch.Tensor) -> list[Result]:
+        array = np.ascontiguousarray(output.numpy(), dtype=np.float32)
+        return [Embedding(dense=row) for row in array]
+
+    def describe(self) -> dict[str, Any]:
+        return {"modalities": ["text", "image"], "library": "open_clip"}

@@ -1,0 +1,280 @@
+"""Tiny random multimodal models (CLIP, open_clip, CLAP, ColPali), saved like the real thing."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from tests.builders import CORPUS
+
+
+def clip_tokenizer(max_length: int = 32) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with CLIP's start and end tokens around every text."""
+    tok = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|startoftext|>", "<|endoftext|>", "<|pad|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        end_of_word_suffix="</w>",
+    )
+    tok.train_from_iterator(CORPUS * 5, trainer)
+    bos, eos = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|startoftext|> $A <|endoftext|>",
+        special_tokens=[("<|startoftext|>", bos), ("<|endoftext|>", eos)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|pad|>",
+        model_max_length=max_length,
+    )
+
+
+def tiny_clip(root: Path, *, seed: int = 0) -> Path:
+    """CLIPModel (hidden 32, 2 layers) with a 32 px image processor and ViT patch 8."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    torch.manual_seed(seed)
+    tokenizer = clip_tokenizer()
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 32,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 32,
+        "patch_size": 8,
+    }
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+    CLIPModel(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(root)
+    return root
+
+
+OPEN_CLIP_CONFIG = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 8},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+}
+
+
+def tiny_open_clip(root: Path, *, seed: int = 0) -> Path:
+    """An open_clip ViT in the hub layout: open_clip_config.json + open_clip_model.safetensors."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    model = open_clip.CLIP(**OPEN_CLIP_CONFIG)  # type: ignore[arg-type]
+    root.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(root / "open_clip_model.safetensors"))
+    preprocess = {"mean": [0.48, 0.46, 0.41], "std": [0.27, 0.26, 0.28], "interpolation": "bicubic"}
+    config = {"model_cfg": OPEN_CLIP_CONFIG, "preprocess_cfg": preprocess}
+    (root / "open_clip_config.json").write_text(json.dumps(config))
+    return root
+
+
+def tiny_clap(root: Path, *, seed: int = 0) -> Path:
+    """ClapModel with a 16-bin, 1-second ClapFeatureExtractor at 48 kHz."""
+    from transformers import ClapAudioConfig, ClapConfig, ClapFeatureExtractor, ClapModel, ClapTextConfig
+
+    from tests.builders import bpe_tokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = bpe_tokenizer(max_length=32)
+    text = ClapTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=40,
+        pad_token_id=tokenizer.pad_token_id,
+        projection_dim=16,
+    )
+    audio = ClapAudioConfig(
+        num_mel_bins=16,
+        spec_size=64,
+        window_size=4,
+        depths=[1, 1],
+        num_attention_heads=[1, 2],
+        patch_embeds_hidden_size=16,
+        hidden_size=32,
+        projection_dim=16,
+    )
+    config = ClapConfig(text_config=text.to_dict(), audio_config=audio.to_dict(), projection_dim=16)
+    ClapModel(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    ClapFeatureExtractor(feature_size=16, max_length_s=1, truncation="rand_trunc").save_pretrained(root)
+    return root
+
+
+def image_bytes(width: int, height: int, *, fmt: str = "PNG", seed: int = 0) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def wav_bytes(seconds: float, *, rate: int = 16000, channels: int = 1, seed: int = 0) -> bytes:
+    import soundfile
+
+    samples = np.random.default_rng(seed).uniform(-0.5, 0.5, (int(seconds * rate), channels)).astype(np.float32)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def gemma_tokenizer() -> object:
+    """A character-level Gemma tokenizer (byte fallback for anything else)."""
+    from transformers import GemmaTokenizer
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    chars = sorted(set("".join(CORPUS).replace(" ", "")) | set("abcdefghijklmnopqrstuvwxyz?:.\n"))
+    vocab = {token: i for i, token in enumerate([*specials, "▁", *chars, *(f"<0x{b:02X}>" for b in range(256))])}
+    return GemmaTokenizer(vocab=vocab, merges=[])
+
+
+def tiny_colpali(root: Path, *, seed: int = 0) -> Path:
+    """ColPaliForRetrieval on a 2-layer Gemma and a 32 px SigLIP tower (16 image tokens)."""
+    from transformers import (
+        ColPaliConfig,
+        ColPaliForRetrieval,
+        ColPaliProcessor,
+        GemmaConfig,
+        PaliGemmaConfig,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
+    )
+
+    torch.manual_seed(seed)
+    images = SiglipImageProcessor(size={"height": 32, "width": 32})
+    images.image_seq_length = 16
+    processor = ColPaliProcessor(image_processor=images, tokenizer=gemma_tokenizer())
+    tokenizer = processor.tokenizer
+    text = GemmaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    vision = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
+    )
+    vlm = PaliGemmaConfig(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_index=processor.image_token_id,
+        projection_dim=32,
+        hidden_size=32,
+    )
+    model = ColPaliForRetrieval(ColPaliConfig(vlm_config=vlm.to_dict(), embedding_dim=16)).eval()
+    model.save_pretrained(root)
+    processor.save_pretrained(root)
+    return root
+
+
+def tiny_siglip(root: Path, *, seed: int = 0) -> Path:
+    """SiglipModel (hidden 32) whose texts are padded to 16 tokens, with a 32 px image processor."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+
+    from tests.builders import bpe_tokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = bpe_tokenizer(max_length=16)
+    common = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    text = {
+        **common,
+        "vocab_size": len(tokenizer),
+        "max_position_embeddings": 16,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    vision = {**common, "image_size": 32, "patch_size": 8}
+    SiglipModel(SiglipConfig(text_config=text, vision_config=vision)).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(root)
+    return root
+
+
+def qwen_tokenizer() -> object:
+    """A byte-level Qwen2 tokenizer with no merges and Qwen2-VL's special tokens."""
+    from transformers import Qwen2Tokenizer
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab, merges=[], unk_token=None, pad_token="<|endoftext|>", eos_token="<|im_end|>"
+    )
+    specials = ["<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
+def tiny_colqwen2(root: Path, *, seed: int = 0) -> Path:
+    """ColQwen2ForRetrieval on a 2-layer Qwen2-VL; pages up to 56x112 px, so their token counts vary."""
+    from transformers import (
+        ColQwen2Config,
+        ColQwen2ForRetrieval,
+        ColQwen2Processor,
+        Qwen2VLConfig,
+        Qwen2VLImageProcessor,
+    )
+
+    torch.manual_seed(seed)
+    tokenizer: Any = qwen_tokenizer()
+    images = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 112, patch_size=14, merge_size=2)
+    processor = ColQwen2Processor(image_processor=images, tokenizer=tokenizer)
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "rope_parameters": rope,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}
+    tokens = {
+        "image_token_id": "<|image_pad|>",
+        "video_token_id": "<|video_pad|>",
+        "vision_start_token_id": "<|vision_start|>",
+        "vision_end_token_id": "<|vision_end|>",
+    }
+    ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items()}
+    vlm = Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+    ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm.to_dict(), embedding_dim=16)).eval().save_pretrained(root)
+    processor.save_pretrained(root)
+    return root

@@ -1,0 +1,223 @@
+"""The URL guard, on a recording transport: refused addresses are never connected to."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from infinity_server.media import FetchPolicy, MediaFetcher, refused_reason
+from model_registry.errors import InvalidInput
+from model_registry.types import Media, Modality
+
+PUBLIC = "93.184.215.14"
+
+
+class Recorder:
+    """A transport that answers from a table and records every request that reached it."""
+
+    def __init__(self, routes: dict[str, httpx.Response]) -> None:
+        self.routes, self.seen = routes, []  # type: ignore[var-annotated]
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append(request)
+        key = f"{request.url.host}{request.url.path}"
+        return self.routes.get(key, httpx.Response(404))
+
+
+def fetcher(recorder: Recorder, names: dict[str, list[str]] | None = None, **policy: object) -> MediaFetcher:
+    table = {"photos.example": [PUBLIC], "localhost": ["127.0.0.1", "::1"], "sneaky.example": ["10.1.2.3"]}
+    table.update(names or {})
+
+    async def resolver(host: str, port: int) -> list[str]:
+        if host not in table:
+            raise OSError("name not known")
+        return table[host]
+
+    return MediaFetcher(FetchPolicy(**policy), resolver=resolver, transport=httpx.MockTransport(recorder))  # type: ignore[arg-type]
+
+
+def fetch(f: MediaFetcher, *urls: str) -> list[Media]:
+    return asyncio.run(f.load_all(list(urls), Modality.IMAGE))
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("10.0.0.1", "private"),
+        ("192.168.1.1", "private"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("0.0.0.0", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("100.64.0.1", "non-public"),
+        (PUBLIC, None),
+    ],
+)
+def test_refused_reason(address: str, reason: str | None) -> None:
+    found = refused_reason(ipaddress.ip_address(address))
+    assert (found is None) if reason is None else (found is not None and found.startswith(reason))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/a.png",
+        "http://[::1]/a.png",
+        "http://10.0.0.1/a.png",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://localhost/a.png",
+        "http://sneaky.example/a.png",
+        "https://[::ffff:127.0.0.1]/a.png",
+    ],
+)
+def test_private_targets_are_refused_before_connecting(url: str) -> None:
+    recorder = Recorder({})
+    with pytest.raises(InvalidInput, match=r"input 0: the URL's host .* address"):
+        fetch(fetcher(recorder), url)
+    assert recorder.seen == []
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://photos.example/a.png", "gopher://x/"])
+def test_other_schemes_are_refused(url: str) -> None:
+    recorder = Recorder({})
+    with pytest.raises(InvalidInput, match="URLs are not fetched"):
+        fetch(fetcher(recorder), url)
+    assert recorder.seen == []
+
+
+def test_public_host_is_fetched_at_the_checked_address() -> None:
+    recorder = Recorder({f"{PUBLIC}/a.png": httpx.Response(200, content=b"png!")})
+    (media,) = fetch(fetcher(recorder), "http://photos.example/a.png")
+    assert media.data == b"png!"
+    assert media.source == "http://photos.example/a.png"
+    (request,) = recorder.seen
+    assert request.url.host == PUBLIC
+    assert request.headers["host"] == "photos.example"
+
+
+def test_https_keeps_the_server_name_for_tls() -> None:
+    recorder = Recorder({f"{PUBLIC}/a.png": httpx.Response(200, content=b"png!")})
+    fetch(fetcher(recorder), "https://photos.example/a.png")
+    assert recorder.seen[0].extensions["sni_hostname"] == "photos.example"
+
+
+@pytest.mark.parametrize(
+    "target", ["http://10.0.0.1/x", "http://localhost/x", "http://169.254.169.254/", "file:///etc/passwd"]
+)
+def test_every_redirect_is_checked(target: str) -> None:
+    recorder = Recorder({f"{PUBLIC}/r": httpx.Response(302, headers={"location": target})})
+    with pytest.raises(InvalidInput, match="input 0"):
+        fetch(fetcher(recorder), "http://photos.example/r")
+    assert [r.url.host for r in recorder.seen] == [PUBLIC]
+
+
+def test_redirect_limit() -> None:
+    recorder = Recorder({f"{PUBLIC}/loop": httpx.Response(302, headers={"location": "/loop"})})
+    with pytest.raises(InvalidInput, match="more than 2 redirects"):
+        fetch(fetcher(recorder, max_redirects=2), "http://photos.example/loop")
+    assert len(recorder.seen) == 3
+
+
+async def chunks() -> AsyncIterator[bytes]:
+    for _ in range(2):
+        yield b"x" * 600
+
+
+def test_byte_limit_by_header_and_by_counting() -> None:
+    recorder = Recorder(
+        {
+            f"{PUBLIC}/declared": httpx.Response(200, content=b"x" * 2000),
+            f"{PUBLIC}/streamed": httpx.Response(200, content=chunks()),
+        }
+    )
+    f = fetcher(recorder, max_bytes=1000)
+    with pytest.raises(InvalidInput, match="2,000 bytes, more than the limit of 1,000"):
+        fetch(f, "http://photos.example/declared")
+    with pytest.raises(InvalidInput, match="more than the limit of 1,000 bytes"):
+        fetch(f, "http://photos.example/streamed")
+
+
+def test_allowed_hosts_and_allow_private() -> None:
+    recorder = Recorder({"127.0.0.1/a.png": httpx.Response(200, content=b"ok")})
+    assert fetch(fetcher(recorder, allowed_hosts=frozenset({"127.0.0.1"})), "http://127.0.0.1/a.png")[0].data == b"ok"
+    # Allowing the address by name does not allow other names that resolve to it.
+    with pytest.raises(InvalidInput, match="loopback"):
+        fetch(fetcher(recorder, allowed_hosts=frozenset({"127.0.0.1"})), "http://localhost/a.png")
+    assert fetch(fetcher(recorder, allow_private=True), "http://localhost/a.png")[0].data == b"ok"
+
+
+def test_http_error_and_unknown_host_name_the_index() -> None:
+    f = fetcher(Recorder({}))
+    with pytest.raises(InvalidInput, match=r"input 0: fetching http://photos\.example/missing answered HTTP 404"):
+        fetch(f, "http://photos.example/missing")
+    with pytest.raises(InvalidInput, match=r"input 0: the host 'nowhere\.example' cannot be resolved"):
+        fetch(f, "http://nowhere.example/a.png")
+
+
+def test_data_uris() -> None:
+    f = fetcher(Recorder({}), max_bytes=100)
+    payload = base64.b64encode(b"\x89PNG....").decode()
+    (media,) = fetch(f, f"data:image/png;base64,{payload}")
+    assert media.data == b"\x89PNG...."
+    assert fetch(f, "data:,hello%20world")[0].data == b"hello world"
+    with pytest.raises(InvalidInput, match="holds 'audio/wav', not image data"):
+        fetch(f, f"data:audio/wav;base64,{payload}")
+    with pytest.raises(InvalidInput, match="base64 is invalid"):
+        fetch(f, "data:image/png;base64,@@@@")
+    with pytest.raises(InvalidInput, match="more than the limit of 100 bytes"):
+        fetch(f, "data:image/png;base64," + base64.b64encode(b"x" * 300).decode())
+    with pytest.raises(InvalidInput, match="input 1: a data URI needs a ','"):
+        fetch(f, f"data:image/png;base64,{payload}", "data:image/png;base64")
+
+
+def test_next_address_is_tried_when_one_does_not_connect() -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        if request.url.host == "2606:4700:4700::1111":
+            raise httpx.ConnectError("unreachable", request=request)
+        return httpx.Response(200, content=b"v4")
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["2606:4700:4700::1111", PUBLIC]
+
+    f = MediaFetcher(FetchPolicy(), resolver=resolver, transport=httpx.MockTransport(handler))
+    (media,) = asyncio.run(f.load_all(["http://dual.example/a.png"], Modality.IMAGE))
+    assert media.data == b"v4"
+    assert seen == ["2606:4700:4700::1111", PUBLIC]
+
+
+def test_allowed_ipv6_literal_is_fetched_at_that_address() -> None:
+    recorder = Recorder({"::1/a.png": httpx.Response(200, content=b"six")})
+    (media,) = fetch(fetcher(recorder, allowed_hosts=frozenset({"::1"})), "http://[::1]:8080/a.png")
+    assert media.data == b"six"
+    assert recorder.seen[0].headers["host"] == "[::1]:8080"
+
+
+def test_a_host_with_one_private_address_among_public_ones_is_refused() -> None:
+    recorder = Recorder({})
+    with pytest.raises(InvalidInput, match=r"is a private address \(10\.9\.9\.9\)"):
+        fetch(fetcher(recorder, {"mixed.example": [PUBLIC, "10.9.9.9"]}), "http://mixed.example/a.png")
+    assert recorder.seen == []
+
+
+def test_media_settings_from_the_environment() -> None:
+    from infinity_server.settings import load_settings
+
+    environ = {
+        "INFINITY_SERVER_MEDIA_ALLOWED_HOSTS": "images.internal, 10.1.2.3",
+        "INFINITY_SERVER_MAX_AUDIO_SECONDS": "30",
+    }
+    settings = load_settings(environ=environ)
+    assert settings.server.media_allowed_hosts == ("images.internal", "10.1.2.3")
+    assert settings.registry.max_audio_seconds == 30
+    assert settings.server.media_allow_private is False
