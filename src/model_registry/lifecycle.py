@@ -1,0 +1,407 @@
+"""Model lifecycle: load on demand inside a memory budget, evict the least recently used, expire.
+
+Rules, per device (CPU RAM, or one CUDA device's memory):
+- Every loaded or loading model is charged its footprint against the device's budget: an estimate
+  while it loads (its last measured footprint, else `Adapter.estimate`), its measured footprint
+  once loaded.
+- Before a load, the least recently used idle models on the device are evicted until the new one
+  fits. Pinned models, models with work queued, running or about to be queued, and models being
+  loaded are never evicted. When nothing more can go, the load fails with `ModelUnavailable`
+  saying what was needed, what was free and which models were busy.
+- One load at a time per model: concurrent callers wait on the same future. A failed load is
+  remembered with its error and retried by a request that comes after the back-off.
+- A model with `keep_alive` is unloaded once idle for that many seconds.
+
+All bookkeeping runs on the event loop; loading and unloading run on threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from model_registry import memory
+from model_registry.adapters import Adapter, LoadOptions, create_adapter
+from model_registry.batching import BatchQueue
+from model_registry.config import ModelSpec, RegistryConfig
+from model_registry.errors import ModelUnavailable, RegistryError, UnsupportedOperation
+from model_registry.types import Kind, ModelState
+from model_registry.worker import BatchStats, Worker
+
+log = logging.getLogger(__name__)
+
+_CPU_BATCH_TOKENS = 4096
+_GPU_BATCH_TOKENS = 16384
+_DRAIN_POLL = 0.02
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class ModelHandle:
+    """One configured model and, while loaded, its adapter, queue and worker."""
+
+    spec: ModelSpec
+    state: ModelState = ModelState.UNLOADED
+    adapter: Adapter | None = None
+    queue: BatchQueue | None = None
+    worker: Worker | None = None
+    error: str | None = None
+    failed_at: float = 0.0
+    last_used: float | None = None
+    inflight: int = 0
+    loading: asyncio.Future[None] | None = field(default=None, repr=False)
+    #: The device whose memory the model uses ('cpu' or 'cuda:N'), known once a load starts.
+    device: str = "cpu"
+    #: Bytes measured at the last load (0 before any).
+    footprint: int = 0
+    #: Bytes held against the device budget now: the estimate while loading, then the footprint.
+    charged: int = 0
+    #: LRU stamp: a registry-wide counter, bumped whenever the model is used.
+    touched: int = 0
+    used_at: float = 0.0
+    #: Callers waiting on `loading`: they are about to use the model, so it is busy.
+    waiting: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def busy(self) -> bool:
+        """Work is queued, running, or about to be queued (callers past or inside the load wait)."""
+        queued = self.queue is not None and self.queue.depth > 0
+        running = self.worker is not None and not self.worker.idle
+        return self.inflight > 0 or self.waiting > 0 or queued or running
+
+    @property
+    def evictable(self) -> bool:
+        return self.state == ModelState.LOADED and not self.spec.pin and not self.busy
+
+
+class EventKind(str, enum.Enum):
+    LOADED = "loaded"
+    LOAD_FAILED = "load_failed"
+    EVICTED = "evicted"
+    UNLOADED = "unloaded"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleEvent:
+    """One transition. An eviction lists the idle candidates it chose from, with their LRU stamps,
+    so the order can be audited."""
+
+    kind: EventKind
+    model: str
+    device: str
+    bytes: int
+    at: float
+    seconds: float = 0.0
+    reason: str = ""
+    candidates: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    device: str
+    budget: int
+    charged: int
+
+
+class Lifecycle:
+    """Owns the transitions of every `ModelHandle`: load, evict, unload, expire."""
+
+    def __init__(
+        self,
+        config: RegistryConfig,
+        handles: Mapping[str, ModelHandle],
+        *,
+        on_batch: Callable[[BatchStats], None] | None = None,
+        on_event: Callable[[LifecycleEvent], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.handles = handles
+        self.events: deque[LifecycleEvent] = deque(maxlen=10_000)
+        self._on_batch = on_batch
+        self._on_event = on_event
+        self._budgets: dict[str, int] = {}
+        self._admission = asyncio.Lock()
+        self._stamps = itertools.count(1)
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._keeper: asyncio.Task[None] | None = None
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+
+    def budget(self, device: str) -> int:
+        """The device's budget in bytes, fixed the first time the device is asked about."""
+        if device not in self._budgets:
+            self._budgets[device] = memory.device_budget(self.config.memory_budget, device)
+        return self._budgets[device]
+
+    def usage(self) -> list[DeviceUsage]:
+        return [DeviceUsage(d, b, self._charged(d)) for d, b in sorted(self._budgets.items())]
+
+    def touch(self, handle: ModelHandle) -> None:
+        handle.touched = next(self._stamps)
+        handle.used_at = time.monotonic()
+        handle.last_used = time.time()
+
+    def _charged(self, device: str, *, besides: ModelHandle | None = None) -> int:
+        return sum(h.charged for h in self.handles.values() if h.device == device and h is not besides)
+
+    def _emit(self, event: LifecycleEvent) -> None:
+        self.events.append(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    async def ensure_loaded(self, handle: ModelHandle, *, retry_failed: bool = False) -> Adapter:
+        """The model's adapter, loading it first (once, however many callers ask) if needed."""
+        if handle.state == ModelState.LOADED and handle.adapter is not None:
+            return handle.adapter
+        if handle.state == ModelState.FAILED and not retry_failed and handle.loading is None:
+            waited = time.monotonic() - handle.failed_at
+            if waited < self.config.failed_retry_after:
+                raise ModelUnavailable(
+                    f"the model '{handle.spec.name}' failed to load: {handle.error} "
+                    f"(next attempt in {self.config.failed_retry_after - waited:.0f}s)"
+                )
+        if handle.loading is None:
+            handle.loading = asyncio.get_running_loop().create_future()
+            self._tasks.add(task := asyncio.create_task(self._load(handle, handle.loading)))
+            task.add_done_callback(self._tasks.discard)
+        handle.waiting += 1
+        try:
+            await asyncio.shield(handle.loading)
+        finally:
+            handle.waiting -= 1
+        assert handle.adapter is not None, "This is a bug: a finished load left no adapter"
+        return handle.adapter
+
+    async def _load(self, handle: ModelHandle, done: asyncio.Future[None]) -> None:
+        spec = handle.spec
+        started = time.perf_counter()
+        async with handle.lock:
+            handle.state, handle.error = ModelState.LOADING, None
+            try:
+                adapter = await self._bring_up(handle)
+            except Exception as error:
+                self._failed(handle, error)
+                done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
+                done.exception()  # retrieved here so that an unawaited failure is not reported as lost
+            else:
+                self._start_worker(handle, adapter)
+                seconds = time.perf_counter() - started
+                log.info("model '%s' loaded in %.2fs (%s)", spec.name, seconds, memory.format_bytes(handle.footprint))
+                self._emit(
+                    LifecycleEvent(EventKind.LOADED, spec.name, handle.device, handle.footprint, time.time(), seconds)
+                )
+                done.set_result(None)
+            finally:
+                handle.loading = None
+
+    def _failed(self, handle: ModelHandle, error: Exception) -> None:
+        handle.state, handle.failed_at, handle.charged = ModelState.FAILED, time.monotonic(), 0
+        handle.error = str(error) if isinstance(error, RegistryError) else f"{type(error).__name__}: {error}"
+        if isinstance(error, TimeoutError):
+            handle.error = f"loading took longer than {self.config.load_timeout:.0f}s"
+        log.error("model '%s' failed to load: %s", handle.spec.name, handle.error)
+        self._emit(
+            LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
+        )
+
+    async def _bring_up(self, handle: ModelHandle) -> Adapter:
+        """Build the adapter, make room for its estimate, load it, then charge what it measured."""
+        spec = handle.spec
+        deadline = time.monotonic() + self.config.load_timeout
+        adapter = await self._off_loop(deadline, None, create_adapter, spec)
+        handle.device = self._device(spec)
+        options = LoadOptions(device=spec.device, dtype=spec.dtype, max_batch_tokens=self._batch_tokens(spec))
+        need = handle.footprint or adapter.estimate(options) or 0
+        async with self._admission:
+            await self._fit(handle, need, real=True)
+        try:
+            measured = await self._off_loop(deadline, adapter, memory.load_and_measure, adapter, options, handle.device)
+        except BaseException:
+            handle.charged = 0
+            raise
+        handle.footprint = measured
+        async with self._admission:
+            try:
+                await self._fit(handle, measured, real=False)
+            except ModelUnavailable:
+                await asyncio.to_thread(self._release, adapter, handle.device)
+                raise
+        return adapter
+
+    async def _off_loop(self, deadline: float, loaded: Adapter | None, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a
+        timeout, whatever it goes on loading into `loaded` is unloaded when it finishes."""
+        work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            if loaded is not None:
+                late = loaded
+                work.add_done_callback(lambda _: self._spawn(asyncio.to_thread(late.unload)))
+            raise
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start_worker(self, handle: ModelHandle, adapter: Adapter) -> None:
+        queue = BatchQueue(
+            max_batch_tokens=self._batch_tokens(handle.spec, adapter),
+            max_items=handle.spec.max_queued_items,
+            batch_cost=adapter.batch_cost,
+            small_request_items=self.config.small_request_items,
+        )
+        worker = Worker(handle.spec.name, adapter, queue, on_batch=self._on_batch)
+        worker.start()
+        handle.adapter, handle.queue, handle.worker = adapter, queue, worker
+        handle.state = ModelState.LOADED
+        self.touch(handle)
+
+    @staticmethod
+    def _device(spec: ModelSpec) -> str:
+        # The fake model holds host memory whatever device it is given.
+        return "cpu" if spec.kind == Kind.FAKE else memory.memory_device(spec.device)
+
+    @staticmethod
+    def _batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
+        if spec.max_batch_tokens:
+            return spec.max_batch_tokens
+        device = str(getattr(adapter, "device", spec.device))
+        return _GPU_BATCH_TOKENS if device.startswith("cuda") else _CPU_BATCH_TOKENS
+
+    # ---- making room ---------------------------------------------------------------------------
+
+    async def _fit(self, handle: ModelHandle, need: int, *, real: bool) -> None:
+        """Evict LRU idle models on the handle's device until `need` bytes fit, then charge them.
+
+        `real` also requires the device to have that much free memory now (other processes use
+        it too); it is off once the model is loaded, since its memory is then already taken.
+        Called with the admission lock held, so two loads never count the same free bytes.
+        """
+        device, budget = handle.device, self.budget(handle.device)
+        if need > budget:
+            raise self._no_room(handle, need, budget - self._charged(device, besides=handle))
+        while True:
+            room = budget - self._charged(device, besides=handle)
+            if real:
+                room = min(room, memory.probe(device).free)
+            if need <= room:
+                handle.charged = need
+                return
+            victims = self._victims(device, besides=handle)
+            if not victims:
+                raise self._no_room(handle, need, room)
+            candidates = tuple((v.spec.name, v.touched) for v in victims)
+            await self.unload(victims[0], kind=EventKind.EVICTED, candidates=candidates)
+
+    def _victims(self, device: str, *, besides: ModelHandle) -> list[ModelHandle]:
+        idle = [h for h in self.handles.values() if h.device == device and h is not besides and h.evictable]
+        return sorted(idle, key=lambda h: h.touched)
+
+    def _no_room(self, handle: ModelHandle, need: int, room: int) -> ModelUnavailable:
+        busy = [
+            h.spec.name + (" (pinned)" if h.spec.pin else "")
+            for h in self.handles.values()
+            if h.device == handle.device and h is not handle and h.charged and not h.evictable
+        ]
+        fmt = memory.format_bytes
+        return ModelUnavailable(
+            f"not enough memory on {handle.device} for the model '{handle.spec.name}': it needs {fmt(need)}, "
+            f"{fmt(max(0, room))} is free within the budget of {fmt(self.budget(handle.device))}, and the models "
+            f"holding the rest cannot be evicted now: {', '.join(busy) or 'none'}"
+        )
+
+    # ---- unloading -----------------------------------------------------------------------------
+
+    async def unload(
+        self,
+        handle: ModelHandle,
+        *,
+        kind: EventKind = EventKind.UNLOADED,
+        drain: float = 0.0,
+        candidates: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        """Stop the model's worker and give its memory back.
+
+        `drain` waits up to that many seconds for queued and running work to finish first. An
+        eviction or expiry is abandoned if the model became busy meanwhile.
+        """
+        if handle.loading is not None:
+            await asyncio.gather(asyncio.shield(handle.loading), return_exceptions=True)
+        deadline = time.monotonic() + drain
+        # Polled: `busy` changes on the worker's threads, which signal nothing to the event loop.
+        while handle.busy and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(_DRAIN_POLL)
+        async with handle.lock:
+            if kind != EventKind.UNLOADED and not handle.evictable:
+                return
+            worker, adapter = handle.worker, handle.adapter
+            if adapter is None:
+                return
+            handle.worker = handle.adapter = handle.queue = None
+            handle.state = ModelState.UNLOADED
+            started, freed = time.perf_counter(), handle.charged
+            try:
+                if worker is not None:
+                    await asyncio.to_thread(worker.stop)
+                del worker
+                await asyncio.to_thread(self._release, adapter, handle.device)
+            finally:
+                handle.charged = 0
+            seconds = time.perf_counter() - started
+        log.info("model '%s' %s (%s freed)", handle.spec.name, kind.value, memory.format_bytes(freed))
+        self._emit(LifecycleEvent(kind, handle.spec.name, handle.device, freed, time.time(), seconds, "", candidates))
+
+    @staticmethod
+    def _release(adapter: Adapter, device: str) -> None:
+        adapter.unload()
+        del adapter
+        memory.release(device)
+
+    async def unload_by_request(self, handle: ModelHandle) -> None:
+        """An operator's unload: refused for pinned models, waits for work in flight to finish."""
+        if handle.spec.pin:
+            raise UnsupportedOperation(
+                f"the model '{handle.spec.name}' is pinned (always loaded); remove 'pin: true' from its "
+                "configuration to unload it",
+                param="model",
+            )
+        await self.unload(handle, drain=self.config.request_timeout)
+
+    # ---- keep-alive ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        timed = [h.spec.keep_alive for h in self.handles.values() if h.spec.keep_alive and not h.spec.pin]
+        if timed and self._keeper is None:
+            period = min(5.0, max(0.05, min(timed) / 4))
+            self._keeper = asyncio.create_task(self._keep_alive(period))
+
+    async def _keep_alive(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for handle in list(self.handles.values()):
+                limit = handle.spec.keep_alive
+                if limit and handle.evictable and now - handle.used_at >= limit:
+                    await self.unload(handle, kind=EventKind.EXPIRED)
+
+    async def stop(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
+        for handle in self.handles.values():
+            await self.unload(handle)
