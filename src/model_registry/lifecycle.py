@@ -31,7 +31,7 @@ from model_registry import memory
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
 from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec, RegistryConfig
-from model_registry.errors import ModelUnavailable, RegistryError, UnsupportedOperation
+from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
 from model_registry.types import Kind, ModelState
 from model_registry.worker import BatchStats, Worker
 
@@ -207,8 +207,17 @@ class Lifecycle:
                 handle.loading = None
 
     def _failed(self, handle: ModelHandle, error: Exception) -> None:
-        handle.state, handle.failed_at, handle.charged = ModelState.FAILED, time.monotonic(), 0
+        handle.charged = 0
         handle.error = str(error) if isinstance(error, RegistryError) else f"{type(error).__name__}: {error}"
+        if isinstance(error, InsufficientMemory):
+            # Room may come at any moment; the next request tries again, with no back-off.
+            handle.state = ModelState.UNLOADED
+            log.warning("model '%s' was not loaded: %s", handle.spec.name, handle.error)
+            self._emit(
+                LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
+            )
+            return
+        handle.state, handle.failed_at = ModelState.FAILED, time.monotonic()
         if isinstance(error, TimeoutError):
             handle.error = f"loading took longer than {self.config.load_timeout:.0f}s"
         log.error("model '%s' failed to load: %s", handle.spec.name, handle.error)
@@ -235,7 +244,7 @@ class Lifecycle:
         async with self._admission:
             try:
                 await self._fit(handle, measured, real=False)
-            except ModelUnavailable:
+            except InsufficientMemory:
                 await asyncio.to_thread(self._release, adapter, handle.device)
                 raise
         return adapter
@@ -311,14 +320,14 @@ class Lifecycle:
         idle = [h for h in self.handles.values() if h.device == device and h is not besides and h.evictable]
         return sorted(idle, key=lambda h: h.touched)
 
-    def _no_room(self, handle: ModelHandle, need: int, room: int) -> ModelUnavailable:
+    def _no_room(self, handle: ModelHandle, need: int, room: int) -> InsufficientMemory:
         busy = [
             h.spec.name + (" (pinned)" if h.spec.pin else "")
             for h in self.handles.values()
             if h.device == handle.device and h is not handle and h.charged and not h.evictable
         ]
         fmt = memory.format_bytes
-        return ModelUnavailable(
+        return InsufficientMemory(
             f"not enough memory on {handle.device} for the model '{handle.spec.name}': it needs {fmt(need)}, "
             f"{fmt(max(0, room))} is free within the budget of {fmt(self.budget(handle.device))}, and the models "
             f"holding the rest cannot be evicted now: {', '.join(busy) or 'none'}"
