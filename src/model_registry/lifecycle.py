@@ -73,10 +73,14 @@ class ModelHandle:
 
     @property
     def busy(self) -> bool:
-        """Work is queued, running, or about to be queued (callers past or inside the load wait)."""
+        """Work is queued, running, or about to be queued (callers past or inside the load wait).
+
+        Every queued or running request has a caller counted in `inflight` until its results are
+        delivered. The worker's own flag is not consulted: it lags the delivery by a moment, and a
+        batch whose callers have all gone is finished safely anyway (the worker's threads are
+        joined before the adapter is unloaded)."""
         queued = self.queue is not None and self.queue.depth > 0
-        running = self.worker is not None and not self.worker.idle
-        return self.inflight > 0 or self.waiting > 0 or queued or running
+        return self.inflight > 0 or self.waiting > 0 or queued
 
     @property
     def evictable(self) -> bool:
@@ -193,7 +197,10 @@ class Lifecycle:
                 adapter = await self._bring_up(handle)
             except Exception as error:
                 self._failed(handle, error)
-                done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
+                if isinstance(error, InsufficientMemory):
+                    done.set_exception(error)
+                else:
+                    done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
                 done.exception()  # retrieved here so that an unawaited failure is not reported as lost
             else:
                 self._start_worker(handle, adapter)
@@ -298,11 +305,13 @@ class Lifecycle:
 
         `real` also requires the device to have that much free memory now (other processes use
         it too); it is off once the model is loaded, since its memory is then already taken.
-        Called with the admission lock held, so two loads never count the same free bytes.
+        Called with the admission lock held, so two loads never count the same free bytes. When
+        only busy models stand in the way, waits up to `room_wait` seconds for one to go idle.
         """
         device, budget = handle.device, self.budget(handle.device)
         if need > budget:
             raise self._no_room(handle, need, budget - self._charged(device, besides=handle))
+        give_up = time.monotonic() + self.config.room_wait
         while True:
             room = budget - self._charged(device, besides=handle)
             if real:
@@ -312,9 +321,18 @@ class Lifecycle:
                 return
             victims = self._victims(device, besides=handle)
             if not victims:
-                raise self._no_room(handle, need, room)
+                if not self._may_go_idle(device, handle) or time.monotonic() >= give_up:
+                    raise self._no_room(handle, need, room)
+                await asyncio.sleep(_DRAIN_POLL)
+                continue
             candidates = tuple((v.spec.name, v.touched) for v in victims)
             await self.unload(victims[0], kind=EventKind.EVICTED, candidates=candidates)
+
+    def _may_go_idle(self, device: str, besides: ModelHandle) -> bool:
+        return any(
+            h.device == device and h is not besides and not h.spec.pin and h.state == ModelState.LOADED
+            for h in self.handles.values()
+        )
 
     def _victims(self, device: str, *, besides: ModelHandle) -> list[ModelHandle]:
         idle = [h for h in self.handles.values() if h.device == device and h is not besides and h.evictable]

@@ -93,7 +93,7 @@ def test_a_busy_model_is_never_evicted_even_when_least_recently_used() -> None:
 
 def test_no_room_says_what_was_needed_what_was_free_and_who_is_busy() -> None:
     models = [fake_model("p", pin=True), fake_model("slow", delay=0.6), fake_model("c")]
-    config = {"models": models, "memory_budget": budget_for(2)}
+    config = {"models": models, "memory_budget": budget_for(2), "room_wait": 0}
 
     async def scenario(registry: Registry) -> None:
         slow = asyncio.create_task(registry.embed("slow", ["long job"]))
@@ -108,6 +108,21 @@ def test_no_room_says_what_was_needed_what_was_free_and_who_is_busy() -> None:
         await slow  # in-flight work was not disturbed
         assert evicted(registry) == []
         await registry.embed("c", ["room now"])  # the slow model is idle again
+        assert evicted(registry) == ["slow"]
+
+    run(config, scenario)
+
+
+def test_a_load_waits_a_moment_for_a_busy_model_to_go_idle() -> None:
+    models = [fake_model("p", pin=True), fake_model("slow", delay=0.4), fake_model("c")]
+    config = {"models": models, "memory_budget": budget_for(2), "room_wait": 5}
+
+    async def scenario(registry: Registry) -> None:
+        slow = asyncio.create_task(registry.embed("slow", ["long job"]))
+        await until(lambda: registry.info("slow").state == ModelState.LOADED)
+        await registry.embed("c", ["waits for room"])
+        assert slow.done()
+        assert len(slow.result().items) == 1
         assert evicted(registry) == ["slow"]
 
     run(config, scenario)
