@@ -69,6 +69,9 @@ class ModelHandle:
     used_at: float = 0.0
     #: Callers waiting on `loading`: they are about to use the model, so it is busy.
     waiting: int = 0
+    #: Chosen for eviction while busy: new callers wait on `undrained`, work in flight finishes.
+    draining: bool = False
+    undrained: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
@@ -166,9 +169,30 @@ class Lifecycle:
     # ---- loading -------------------------------------------------------------------------------
 
     async def ensure_loaded(self, handle: ModelHandle, *, retry_failed: bool = False) -> Adapter:
-        """The model's adapter, loading it first (once, however many callers ask) if needed."""
-        if handle.state == ModelState.LOADED and handle.adapter is not None:
-            return handle.adapter
+        """The model's adapter, loading it first (once, however many callers ask) if needed.
+
+        Returns without yielding to the event loop once the model is loaded and not draining, so
+        the caller can count itself in `inflight` before anything can evict the model.
+        """
+        while True:
+            if handle.state == ModelState.LOADED and handle.adapter is not None:
+                if not handle.draining:
+                    return handle.adapter
+                # Being emptied for another model: wait for the eviction (or its cancellation).
+                await handle.undrained.wait()
+                continue
+            self._check_back_off(handle, retry_failed)
+            if handle.loading is None:
+                handle.loading = asyncio.get_running_loop().create_future()
+                self._tasks.add(task := asyncio.create_task(self._load(handle, handle.loading)))
+                task.add_done_callback(self._tasks.discard)
+            handle.waiting += 1
+            try:
+                await asyncio.shield(handle.loading)
+            finally:
+                handle.waiting -= 1
+
+    def _check_back_off(self, handle: ModelHandle, retry_failed: bool) -> None:
         if handle.state == ModelState.FAILED and not retry_failed and handle.loading is None:
             waited = time.monotonic() - handle.failed_at
             if waited < self.config.failed_retry_after:
@@ -176,17 +200,6 @@ class Lifecycle:
                     f"the model '{handle.spec.name}' failed to load: {handle.error} "
                     f"(next attempt in {self.config.failed_retry_after - waited:.0f}s)"
                 )
-        if handle.loading is None:
-            handle.loading = asyncio.get_running_loop().create_future()
-            self._tasks.add(task := asyncio.create_task(self._load(handle, handle.loading)))
-            task.add_done_callback(self._tasks.discard)
-        handle.waiting += 1
-        try:
-            await asyncio.shield(handle.loading)
-        finally:
-            handle.waiting -= 1
-        assert handle.adapter is not None, "This is a bug: a finished load left no adapter"
-        return handle.adapter
 
     async def _load(self, handle: ModelHandle, done: asyncio.Future[None]) -> None:
         spec = handle.spec
@@ -320,15 +333,15 @@ class Lifecycle:
                 handle.charged = need
                 return
             victims = self._victims(device, besides=handle)
-            if not victims:
-                if not self._may_go_idle(device, handle) or time.monotonic() >= give_up:
-                    raise self._no_room(handle, need, room)
+            if victims:
+                candidates = tuple((v.spec.name, v.touched) for v in victims)
+                await self.unload(victims[0], kind=EventKind.EVICTED, candidates=candidates)
+            elif time.monotonic() < give_up and self._may_go_idle(device, besides=handle):
                 await asyncio.sleep(_DRAIN_POLL)
-                continue
-            candidates = tuple((v.spec.name, v.touched) for v in victims)
-            await self.unload(victims[0], kind=EventKind.EVICTED, candidates=candidates)
+            else:
+                raise self._no_room(handle, need, room)
 
-    def _may_go_idle(self, device: str, besides: ModelHandle) -> bool:
+    def _may_go_idle(self, device: str, *, besides: ModelHandle) -> bool:
         return any(
             h.device == device and h is not besides and not h.spec.pin and h.state == ModelState.LOADED
             for h in self.handles.values()
@@ -368,10 +381,8 @@ class Lifecycle:
         """
         if handle.loading is not None:
             await asyncio.gather(asyncio.shield(handle.loading), return_exceptions=True)
-        deadline = time.monotonic() + drain
-        # Polled: `busy` changes on the worker's threads, which signal nothing to the event loop.
-        while handle.busy and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(_DRAIN_POLL)
+        if drain and handle.state == ModelState.LOADED:
+            await self._drain(handle, drain)
         async with handle.lock:
             if kind != EventKind.UNLOADED and not handle.evictable:
                 return
@@ -380,6 +391,9 @@ class Lifecycle:
                 return
             handle.worker = handle.adapter = handle.queue = None
             handle.state = ModelState.UNLOADED
+            if handle.draining:
+                handle.draining = False
+                handle.undrained.set()
             started, freed = time.perf_counter(), handle.charged
             try:
                 if worker is not None:
@@ -391,6 +405,20 @@ class Lifecycle:
             seconds = time.perf_counter() - started
         log.info("model '%s' %s (%s freed)", handle.spec.name, kind.value, memory.format_bytes(freed))
         self._emit(LifecycleEvent(kind, handle.spec.name, handle.device, freed, time.time(), seconds, "", candidates))
+
+    async def _drain(self, handle: ModelHandle, seconds: float) -> None:
+        """Hold new callers back and wait up to `seconds` for the work in flight to finish."""
+        deadline = time.monotonic() + seconds
+        handle.draining = True
+        handle.undrained.clear()
+        try:
+            # Polled: work finishes on the worker's threads, which signal nothing to the loop.
+            while handle.busy and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(_DRAIN_POLL)
+        finally:
+            # Whether or not the unload follows, waiting callers re-check the model's state.
+            handle.draining = False
+            handle.undrained.set()
 
     @staticmethod
     def _release(adapter: Adapter, device: str) -> None:

@@ -214,13 +214,13 @@ class Registry:
         """Run prepared-to-be items through `model`'s queue; the core every operation shares."""
         handle = self._handle(model)
         loop = asyncio.get_running_loop()
-        # Counted before the load wait, so the model cannot be evicted between load and queue.
+        adapter = await self._ensure_loaded(handle)
+        assert self._pool is not None, "This is a bug: no prepare pool on a started registry"
+        assert handle.queue is not None, "This is a bug: a loaded model has no queue"
+        # Counted before the next await, so the model cannot be evicted between load and queue.
         handle.inflight += 1
         self._lifecycle.touch(handle)
         try:
-            adapter = await self._ensure_loaded(handle)
-            assert self._pool is not None, "This is a bug: no prepare pool on a started registry"
-            assert handle.queue is not None, "This is a bug: a loaded model has no queue"
             prepared = await loop.run_in_executor(self._pool, adapter.prepare, items)
             future: asyncio.Future[Request] = loop.create_future()
 

@@ -14,6 +14,7 @@ can be checked exactly. Options (the model entry's `options`):
 from __future__ import annotations
 
 import hashlib
+import mmap
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -49,17 +50,23 @@ class FakeAdapter(Adapter):
         self.load_delay = float(options.get("load_delay", 0.0))
         self.batches: list[int] = []
         self.loaded = False
-        self._held: np.ndarray | None = None
+        self._held: mmap.mmap | None = None
 
     def load(self, options: LoadOptions) -> None:
         if self.load_delay:
             time.sleep(self.load_delay)
         if self.allocate:
-            # Written to, so the pages are really resident rather than merely reserved.
-            self._held = np.ones(self.declared, dtype=np.uint8)
+            # An anonymous mapping of its own, written to so that the pages are resident: it goes
+            # back to the system when closed, whatever the allocator does with freed heap.
+            size, page = max(1, self.declared), mmap.PAGESIZE
+            self._held = mmap.mmap(-1, size)
+            for offset in range(0, size, page):
+                self._held[offset] = 1
         self.loaded = True
 
     def unload(self) -> None:
+        if self._held is not None:
+            self._held.close()
         self._held = None
         self.loaded = False
 
