@@ -163,14 +163,14 @@ def serve_in_thread(config: dict[str, Any]) -> tuple[Any, str, Any]:
 
 
 def run(config: dict[str, Any], *, requests: int, clients: int, models: int) -> tuple[SoakResult, list[Any]]:
-    app, url, close = serve_in_thread(config)
-    try:
-        with RssSampler() as rss:
+    with RssSampler() as rss:  # from before the server starts: pinned models load at start
+        app, url, close = serve_in_thread(config)
+        try:
             result = asyncio.run(drive(url, requests=requests, clients=clients, models=models))
-        result.peak_rss = rss.growth
-        return result, app.state.registry.events
-    finally:
-        close()
+        finally:
+            close()
+    result.peak_rss = rss.growth
+    return result, app.state.registry.events
 
 
 def report(label: str, result: SoakResult, events: list[Any]) -> None:
@@ -181,6 +181,10 @@ def report(label: str, result: SoakResult, events: list[Any]) -> None:
         f"loads {kinds['loaded']:4d}  evictions {kinds['evicted']:4d}  "
         f"RSS growth {result.peak_rss / MIB:6.1f} MiB  statuses {dict(result.statuses)}"
     )
+    for kind in ("loaded", "evicted"):
+        seconds = [e.seconds for e in events if e.kind.value == kind]
+        if seconds:
+            print(f"{'':>11}{kind}: {len(seconds)} x {1000 * float(np.mean(seconds)):.1f} ms on average")
     for message, count in result.errors.most_common(3):
         print(f"{'':>11}{count} x {message}")
 

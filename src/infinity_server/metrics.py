@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from model_registry import Registry
-from model_registry.lifecycle import EventKind, LifecycleEvent
+from model_registry.handles import EventKind, LifecycleEvent
 from model_registry.worker import BatchStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

@@ -6,11 +6,13 @@ Rules, per device (CPU RAM, or one CUDA device's memory):
   once loaded.
 - Before a load, the least recently used idle models on the device are evicted until the new one
   fits. Pinned models, models with work queued, running or about to be queued, and models being
-  loaded are never evicted. When nothing more can go, the load fails with `ModelUnavailable`
-  saying what was needed, what was free and which models were busy.
+  loaded are never evicted. When only busy models stand in the way, the load waits up to
+  `room_wait` seconds for one to go idle, then fails with `InsufficientMemory` (a 503) saying
+  what was needed, what was free and which models were busy. Such a model is not marked failed.
 - One load at a time per model: concurrent callers wait on the same future. A failed load is
   remembered with its error and retried by a request that comes after the back-off.
-- A model with `keep_alive` is unloaded once idle for that many seconds.
+- A model with `keep_alive` is unloaded once idle for that many seconds. An operator's unload
+  holds new callers back while the work in flight finishes; they then load the model again.
 
 All bookkeeping runs on the event loop; loading and unloading run on threads.
 """
@@ -18,13 +20,11 @@ All bookkeeping runs on the event loop; loading and unloading run on threads.
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from model_registry import memory
@@ -32,6 +32,7 @@ from model_registry.adapters import Adapter, LoadOptions, create_adapter
 from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec, RegistryConfig
 from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
+from model_registry.handles import DeviceUsage, EventKind, LifecycleEvent, ModelHandle
 from model_registry.types import Kind, ModelState
 from model_registry.worker import BatchStats, Worker
 
@@ -43,81 +44,7 @@ _DRAIN_POLL = 0.02
 
 T = TypeVar("T")
 
-
-@dataclass(eq=False)
-class ModelHandle:
-    """One configured model and, while loaded, its adapter, queue and worker."""
-
-    spec: ModelSpec
-    state: ModelState = ModelState.UNLOADED
-    adapter: Adapter | None = None
-    queue: BatchQueue | None = None
-    worker: Worker | None = None
-    error: str | None = None
-    failed_at: float = 0.0
-    last_used: float | None = None
-    inflight: int = 0
-    loading: asyncio.Future[None] | None = field(default=None, repr=False)
-    #: The device whose memory the model uses ('cpu' or 'cuda:N'), known once a load starts.
-    device: str = "cpu"
-    #: Bytes measured at the last load (0 before any).
-    footprint: int = 0
-    #: Bytes held against the device budget now: the estimate while loading, then the footprint.
-    charged: int = 0
-    #: LRU stamp: a registry-wide counter, bumped whenever the model is used.
-    touched: int = 0
-    used_at: float = 0.0
-    #: Callers waiting on `loading`: they are about to use the model, so it is busy.
-    waiting: int = 0
-    #: Chosen for eviction while busy: new callers wait on `undrained`, work in flight finishes.
-    draining: bool = False
-    undrained: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-
-    @property
-    def busy(self) -> bool:
-        """Work is queued, running, or about to be queued (callers past or inside the load wait).
-
-        Every queued or running request has a caller counted in `inflight` until its results are
-        delivered. The worker's own flag is not consulted: it lags the delivery by a moment, and a
-        batch whose callers have all gone is finished safely anyway (the worker's threads are
-        joined before the adapter is unloaded)."""
-        queued = self.queue is not None and self.queue.depth > 0
-        return self.inflight > 0 or self.waiting > 0 or queued
-
-    @property
-    def evictable(self) -> bool:
-        return self.state == ModelState.LOADED and not self.spec.pin and not self.busy
-
-
-class EventKind(str, enum.Enum):
-    LOADED = "loaded"
-    LOAD_FAILED = "load_failed"
-    EVICTED = "evicted"
-    UNLOADED = "unloaded"
-    EXPIRED = "expired"
-
-
-@dataclass(frozen=True, slots=True)
-class LifecycleEvent:
-    """One transition. An eviction lists the idle candidates it chose from, with their LRU stamps,
-    so the order can be audited."""
-
-    kind: EventKind
-    model: str
-    device: str
-    bytes: int
-    at: float
-    seconds: float = 0.0
-    reason: str = ""
-    candidates: tuple[tuple[str, int], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceUsage:
-    device: str
-    budget: int
-    charged: int
+__all__ = ["DeviceUsage", "EventKind", "Lifecycle", "LifecycleEvent", "ModelHandle"]
 
 
 class Lifecycle:
@@ -253,20 +180,18 @@ class Lifecycle:
         handle.device = self._device(spec)
         options = LoadOptions(device=spec.device, dtype=spec.dtype, max_batch_tokens=self._batch_tokens(spec))
         need = handle.footprint or adapter.estimate(options) or 0
-        async with self._admission:
-            await self._fit(handle, need, real=True)
+        await self._fit(handle, need, real=True)
         try:
             measured = await self._off_loop(deadline, adapter, memory.load_and_measure, adapter, options, handle.device)
         except BaseException:
             handle.charged = 0
             raise
         handle.footprint = measured
-        async with self._admission:
-            try:
-                await self._fit(handle, measured, real=False)
-            except InsufficientMemory:
-                await asyncio.to_thread(self._release, adapter, handle.device)
-                raise
+        try:
+            await self._fit(handle, measured, real=False)
+        except InsufficientMemory:
+            await asyncio.to_thread(self._release, adapter, handle.device)
+            raise
         return adapter
 
     async def _off_loop(self, deadline: float, loaded: Adapter | None, fn: Callable[..., T], *args: object) -> T:
@@ -318,28 +243,38 @@ class Lifecycle:
 
         `real` also requires the device to have that much free memory now (other processes use
         it too); it is off once the model is loaded, since its memory is then already taken.
-        Called with the admission lock held, so two loads never count the same free bytes. When
-        only busy models stand in the way, waits up to `room_wait` seconds for one to go idle.
+        When only busy models stand in the way, waits up to `room_wait` seconds for one to go
+        idle, without holding the admission lock, so that loads that can fit are not held up.
         """
-        device, budget = handle.device, self.budget(handle.device)
+        budget = self.budget(handle.device)
         if need > budget:
-            raise self._no_room(handle, need, budget - self._charged(device, besides=handle))
+            raise self._no_room(handle, need, budget - self._charged(handle.device, besides=handle))
         give_up = time.monotonic() + self.config.room_wait
+        while True:
+            async with self._admission:  # two loads never count the same free bytes
+                room = await self._make_room(handle, need, real=real)
+            if room is None:
+                return
+            if time.monotonic() >= give_up or not self._may_go_idle(handle.device, besides=handle):
+                raise self._no_room(handle, need, room)
+            await asyncio.sleep(_DRAIN_POLL)
+
+    async def _make_room(self, handle: ModelHandle, need: int, *, real: bool) -> int | None:
+        """Evict idle models, least recently used first, until `need` fits: then charge it and
+        return None; else return the room there is."""
+        device, budget = handle.device, self.budget(handle.device)
         while True:
             room = budget - self._charged(device, besides=handle)
             if real:
                 room = min(room, memory.probe(device).free)
             if need <= room:
                 handle.charged = need
-                return
+                return None
             victims = self._victims(device, besides=handle)
-            if victims:
-                candidates = tuple((v.spec.name, v.touched) for v in victims)
-                await self.unload(victims[0], kind=EventKind.EVICTED, candidates=candidates)
-            elif time.monotonic() < give_up and self._may_go_idle(device, besides=handle):
-                await asyncio.sleep(_DRAIN_POLL)
-            else:
-                raise self._no_room(handle, need, room)
+            if not victims:
+                return room
+            candidates = tuple((v.spec.name, v.touched) for v in victims)
+            await self.unload(victims[0], kind=EventKind.EVICTED, candidates=candidates)
 
     def _may_go_idle(self, device: str, *, besides: ModelHandle) -> bool:
         return any(

@@ -27,7 +27,8 @@ from model_registry.errors import (
     UnknownModel,
     UnsupportedOperation,
 )
-from model_registry.lifecycle import DeviceUsage, Lifecycle, LifecycleEvent, ModelHandle
+from model_registry.handles import DeviceUsage, LifecycleEvent, ModelHandle
+from model_registry.lifecycle import Lifecycle
 from model_registry.types import (
     Capability,
     Content,

@@ -9,7 +9,7 @@ import pytest
 
 from model_registry import ModelState, Registry
 from model_registry.adapters import LoadOptions
-from model_registry.lifecycle import EventKind
+from model_registry.handles import EventKind
 from model_registry.memory import format_bytes, process_rss, release, weight_bytes, worst_case_items
 from model_registry.sources import resolve_source
 from tests.builders import tiny_bert

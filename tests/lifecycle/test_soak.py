@@ -11,7 +11,7 @@ import pytest
 from benchmarks.soak import RssSampler, drive, soak_models
 
 from model_registry import ModelState
-from model_registry.lifecycle import EventKind
+from model_registry.handles import EventKind
 
 pytestmark = pytest.mark.integration
 
