@@ -166,7 +166,7 @@ class Lifecycle:
             return
         handle.state, handle.failed_at = ModelState.FAILED, time.monotonic()
         if isinstance(error, TimeoutError):
-            handle.error = f"loading took longer than {self.config.load_timeout:.0f}s"
+            handle.error = f"loading took longer than {self.config.load_timeout:g}s"
         log.error("model '%s' failed to load: %s", handle.spec.name, handle.error)
         self._emit(
             LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
