@@ -123,7 +123,7 @@ def test_a_broken_pinned_model_makes_ready_false_but_the_server_serves(serve: An
 
 
 def test_load_and_unload_routes(serve: Any) -> None:
-    models = [fake_model("p", pin=True), fake_model("a"), fake_model("b", mib=100)]
+    models = [fake_model("p", pin=True), fake_model("a"), fake_model("b", mib=100), fake_model("org/c", mib=1)]
     server = serve({"models": models, "memory_budget": budget_for(2)})
     with server.client() as client:
         loaded = client.post("/v1/models/a/load")
@@ -140,6 +140,9 @@ def test_load_and_unload_routes(serve: Any) -> None:
         missing = client.post("/v1/models/nope/load")
         assert missing.status_code == 404
         assert missing.json()["error"]["code"] == "model_not_found"
+        slashed = client.post("/v1/models/org/c/load")
+        assert slashed.status_code == 200
+        assert slashed.json()["id"] == "org/c"
         pinned = client.post("/v1/models/p/unload")
         assert pinned.status_code == 400
         assert "pinned" in pinned.json()["error"]["message"]
