@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity_server.api import media, native, openai
+from infinity_server.api import admin, media, native, openai
 from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
 from infinity_server.metrics import Metrics
 from infinity_server.settings import Settings
@@ -133,7 +133,7 @@ async def _http_exception(request: Request, error: Exception) -> Response:
 def create_app(settings: Settings, registry: Registry | None = None) -> Starlette:
     """The whole server as an ASGI app; `registry` may be given (tests), else built from settings."""
     metrics = Metrics()
-    engine = registry or Registry(settings.registry, on_batch=metrics.on_batch)
+    engine = registry or Registry(settings.registry, on_batch=metrics.on_batch, on_event=metrics.on_event)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -144,7 +144,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
             await engine.stop()
 
     app = Starlette(
-        routes=[*openai.routes, *native.routes, *media.routes],
+        routes=[*openai.routes, *native.routes, *media.routes, *admin.routes],
         lifespan=lifespan,
         exception_handlers={
             HTTPError: handle_exception,

@@ -139,7 +139,7 @@ class MediaFetcher:
             raise _bad(index, f"'{scheme}:' URLs are not fetched; use http(s) URLs or data URIs")
         try:
             data = await asyncio.wait_for(self._fetch(client, value, index), self.policy.timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             raise _bad(index, f"fetching {value} took longer than {self.policy.timeout:g}s") from None
         return Media(modality, data, source=value)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from model_registry import Registry
+from model_registry.handles import EventKind, LifecycleEvent
 from model_registry.worker import BatchStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -35,12 +36,28 @@ class Metrics:
         )
         self.queue_depth = Gauge("infinity_queue_depth", "Items waiting", ["model"], registry=self.registry)
         self.loaded = Gauge("infinity_model_loaded", "1 when the model is loaded", ["model"], registry=self.registry)
+        self.lifecycle = Counter(
+            "infinity_model_lifecycle",
+            "Model loads, failed loads, evictions, unloads and keep-alive expiries",
+            ["model", "event"],
+            registry=self.registry,
+        )
+        self.footprint = Gauge(
+            "infinity_model_footprint_bytes", "Bytes a loaded model holds", ["model"], registry=self.registry
+        )
 
     def on_batch(self, stats: BatchStats) -> None:
         self.batches.labels(stats.model, "failed" if stats.failed else "ok").inc()
         self.batch_items.labels(stats.model).inc(stats.items)
         self.batch_tokens.labels(stats.model).inc(stats.tokens)
         self.batch_seconds.labels(stats.model).observe(stats.seconds)
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        self.lifecycle.labels(event.model, event.kind.value).inc()
+        if event.kind == EventKind.LOADED:
+            self.footprint.labels(event.model).set(event.bytes)
+        elif event.kind != EventKind.LOAD_FAILED:
+            self.footprint.labels(event.model).set(0)
 
     def exposition(self, engine: Registry) -> bytes:
         for info in engine.infos():

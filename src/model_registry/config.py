@@ -82,6 +82,8 @@ class RegistryConfig(_Frozen):
     memory_budget: str | int = "90%"
     request_timeout: float = Field(default=120.0, gt=0)
     load_timeout: float = Field(default=600.0, gt=0)
+    failed_retry_after: float = Field(default=30.0, ge=0)
+    room_wait: float = Field(default=2.0, ge=0)
     max_inputs_per_request: int = Field(default=2048, ge=1)
     max_input_chars: int = Field(default=100_000, ge=1)
     prepare_threads: int = Field(default=2, ge=1, le=64)

@@ -50,6 +50,12 @@ class ModelUnavailable(RegistryError):
     """The model cannot serve right now: it failed to load, does not fit, or is shutting down."""
 
 
+class InsufficientMemory(ModelUnavailable):
+    """The model does not fit in its device's budget now, even after evicting every idle model.
+
+    Not a fault of the model: it is not marked failed, and the next request tries again."""
+
+
 class DeadlineExceeded(RegistryError):
     """The request was not finished before its deadline; its pending work was dropped."""
 

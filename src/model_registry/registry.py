@@ -12,12 +12,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_registry.adapters import Adapter, LoadOptions, create_adapter
-from model_registry.batching import BatchQueue, Request
+from model_registry.adapters import Adapter
+from model_registry.batching import Request
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
     Cancelled,
@@ -28,6 +27,8 @@ from model_registry.errors import (
     UnknownModel,
     UnsupportedOperation,
 )
+from model_registry.handles import DeviceUsage, LifecycleEvent, ModelHandle
+from model_registry.lifecycle import Lifecycle
 from model_registry.types import (
     Capability,
     Content,
@@ -42,29 +43,9 @@ from model_registry.types import (
     Text,
     TokenIds,
 )
-from model_registry.worker import BatchStats, Worker
+from model_registry.worker import BatchStats
 
 log = logging.getLogger(__name__)
-
-_FAILED_RETRY_AFTER = 30.0
-_CPU_BATCH_TOKENS = 2048
-_GPU_BATCH_TOKENS = 16384
-
-
-@dataclass(eq=False)
-class ModelHandle:
-    """One configured model and, while loaded, its adapter, queue and worker."""
-
-    spec: ModelSpec
-    state: ModelState = ModelState.UNLOADED
-    adapter: Adapter | None = None
-    queue: BatchQueue | None = None
-    worker: Worker | None = None
-    error: str | None = None
-    failed_at: float = 0.0
-    last_used: float | None = None
-    inflight: int = 0
-    loading: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
 class Registry:
@@ -75,13 +56,13 @@ class Registry:
         config: RegistryConfig,
         *,
         on_batch: Callable[[BatchStats], None] | None = None,
+        on_event: Callable[[LifecycleEvent], None] | None = None,
     ) -> None:
         self.config = config
         self._handles = {spec.name: ModelHandle(spec) for spec in config.models}
-        self._on_batch = on_batch
+        self._lifecycle = Lifecycle(config, self._handles, on_batch=on_batch, on_event=on_event)
         self._pool: ThreadPoolExecutor | None = None
         self._started = False
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_config(cls, source: str | Path | RegistryConfig | Mapping[str, Any], **kwargs: Any) -> Registry:
@@ -102,6 +83,7 @@ class Registry:
             return
         self._pool = ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="prepare")
         self._started = True
+        self._lifecycle.start()
         for handle in self._handles.values():
             if handle.spec.pin:
                 try:
@@ -110,8 +92,7 @@ class Registry:
                     log.error("pinned model '%s' failed to load: %s", handle.spec.name, error)
 
     async def stop(self) -> None:
-        for handle in self._handles.values():
-            await self._unload(handle)
+        await self._lifecycle.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -154,7 +135,7 @@ class Registry:
             pinned=handle.spec.pin,
             max_length=adapter.max_length if adapter else None,
             dimensions=adapter.dimensions if adapter else None,
-            footprint_bytes=adapter.footprint() if adapter and handle.state == ModelState.LOADED else None,
+            footprint_bytes=handle.footprint if adapter and handle.state == ModelState.LOADED else None,
             last_used=handle.last_used,
             queue_depth=handle.queue.depth if handle.queue else 0,
             error=handle.error,
@@ -177,94 +158,31 @@ class Registry:
     # ---- loading -------------------------------------------------------------------------------
 
     async def load(self, name: str) -> ModelInfo:
+        """Load `name` now (evicting idle models if needed); a failed model is retried at once."""
         await self._ensure_loaded(self._handle(name), retry_failed=True)
         return self.info(name)
 
     async def unload(self, name: str) -> ModelInfo:
-        await self._unload(self._handle(name))
+        """Unload `name` once its work in flight is done; pinned models cannot be unloaded."""
+        await self._lifecycle.unload_by_request(self._handle(name))
         return self.info(name)
+
+    @property
+    def events(self) -> list[LifecycleEvent]:
+        """Recent loads, evictions, unloads and expiries, oldest first."""
+        return list(self._lifecycle.events)
+
+    def memory(self) -> list[DeviceUsage]:
+        """Per device: its budget and the bytes charged to loaded and loading models."""
+        return self._lifecycle.usage()
 
     async def _ensure_loaded(self, handle: ModelHandle, *, retry_failed: bool = False) -> Adapter:
         if not self._started:
             raise ModelUnavailable("the registry is not started (use 'async with Registry(...)' or start())")
-        if handle.state == ModelState.LOADED and handle.adapter is not None:
-            return handle.adapter
-        if handle.state == ModelState.FAILED and not retry_failed:
-            waited = time.monotonic() - handle.failed_at
-            if waited < _FAILED_RETRY_AFTER:
-                raise ModelUnavailable(
-                    f"the model '{handle.spec.name}' failed to load: {handle.error} "
-                    f"(next attempt in {_FAILED_RETRY_AFTER - waited:.0f}s)"
-                )
-        if handle.loading is None:
-            handle.loading = asyncio.get_running_loop().create_future()
-            self._tasks.add(task := asyncio.create_task(self._load(handle, handle.loading)))
-            task.add_done_callback(self._tasks.discard)
-        await asyncio.shield(handle.loading)
-        assert handle.adapter is not None, "This is a bug: a finished load left no adapter"
-        return handle.adapter
-
-    async def _load(self, handle: ModelHandle, done: asyncio.Future[None]) -> None:
-        spec = handle.spec
-        handle.state, handle.error = ModelState.LOADING, None
-        started = time.perf_counter()
-        try:
-            adapter = await asyncio.wait_for(asyncio.to_thread(self._build, spec), self.config.load_timeout)
-        except Exception as error:
-            handle.state, handle.failed_at = ModelState.FAILED, time.monotonic()
-            handle.error = str(error) if isinstance(error, RegistryError) else f"{type(error).__name__}: {error}"
-            if isinstance(error, TimeoutError):
-                handle.error = f"loading took longer than {self.config.load_timeout:.0f}s"
-            log.error("model '%s' failed to load: %s", spec.name, handle.error)
-            done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
-            done.exception()  # retrieved here so that an unawaited failure is not reported as lost
-        else:
-            queue = BatchQueue(
-                max_batch_tokens=self._batch_tokens(spec, adapter),
-                max_items=spec.max_queued_items,
-                batch_cost=adapter.batch_cost,
-                small_request_items=self.config.small_request_items,
-            )
-            worker = Worker(spec.name, adapter, queue, on_batch=self._on_batch)
-            worker.start()
-            handle.adapter, handle.queue, handle.worker = adapter, queue, worker
-            handle.state = ModelState.LOADED
-            log.info("model '%s' loaded in %.2fs", spec.name, time.perf_counter() - started)
-            done.set_result(None)
-        finally:
-            handle.loading = None
-
-    def _build(self, spec: ModelSpec) -> Adapter:
-        adapter = create_adapter(spec)
-        adapter.load(
-            LoadOptions(
-                device=spec.device,
-                dtype=spec.dtype,
-                max_batch_tokens=self._batch_tokens(spec),
-                max_image_pixels=self.config.max_image_pixels,
-                max_audio_seconds=self.config.max_audio_seconds,
-            )
-        )
-        return adapter
-
-    @staticmethod
-    def _batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
-        if spec.max_batch_tokens:
-            return spec.max_batch_tokens
-        device = str(getattr(adapter, "device", spec.device))
-        return _GPU_BATCH_TOKENS if device.startswith("cuda") else _CPU_BATCH_TOKENS
+        return await self._lifecycle.ensure_loaded(handle, retry_failed=retry_failed)
 
     async def _unload(self, handle: ModelHandle) -> None:
-        if handle.loading is not None:
-            await asyncio.gather(asyncio.shield(handle.loading), return_exceptions=True)
-        worker, adapter = handle.worker, handle.adapter
-        handle.worker = handle.adapter = handle.queue = None
-        if handle.state == ModelState.LOADED:
-            handle.state = ModelState.UNLOADED
-        if worker is not None:
-            await asyncio.to_thread(worker.stop)
-        if adapter is not None:
-            await asyncio.to_thread(adapter.unload)
+        await self._lifecycle.unload(handle)
 
     # ---- operations ----------------------------------------------------------------------------
 
@@ -296,12 +214,13 @@ class Registry:
     ) -> Results:
         """Run prepared-to-be items through `model`'s queue; the core every operation shares."""
         handle = self._handle(model)
+        loop = asyncio.get_running_loop()
         adapter = await self._ensure_loaded(handle)
         assert self._pool is not None, "This is a bug: no prepare pool on a started registry"
         assert handle.queue is not None, "This is a bug: a loaded model has no queue"
-        loop = asyncio.get_running_loop()
+        # Counted before the next await, so the model cannot be evicted between load and queue.
         handle.inflight += 1
-        handle.last_used = time.time()
+        self._lifecycle.touch(handle)
         try:
             prepared = await loop.run_in_executor(self._pool, adapter.prepare, items)
             future: asyncio.Future[Request] = loop.create_future()
@@ -324,7 +243,7 @@ class Registry:
             handle.queue.put(request)
             try:
                 done = await asyncio.wait_for(future, limit)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 request.cancel()
                 raise DeadlineExceeded(f"the request did not finish within {limit:.0f}s") from None
             except asyncio.CancelledError:
@@ -338,7 +257,7 @@ class Registry:
             return Results(results, sum(p.tokens for p in prepared))
         finally:
             handle.inflight -= 1
-            handle.last_used = time.time()
+            self._lifecycle.touch(handle)
 
     # ---- validation ----------------------------------------------------------------------------
 

@@ -83,6 +83,12 @@ class Adapter(abc.ABC):
     def postprocess(self, batch: Any, output: Any) -> list[Result]:
         """One result per collated item, in collation order."""
 
+    def estimate(self, options: LoadOptions) -> int | None:
+        """Bytes the model will hold once loaded with `options`, known before `load` (None when it
+        cannot be told). The registry makes this much room before loading; `footprint()` after
+        the load replaces it."""
+        return None
+
     def batch_cost(self, count: int, longest: int, total: int) -> int:
         """What a batch takes from the budget: `count` items, the costliest `longest`, summing to
         `total`. Padded backends pay for the padding, hence the default."""

@@ -111,6 +111,18 @@ class TextEncoder(Adapter):
     def footprint(self) -> int:
         return self._footprint
 
+    def estimate(self, options: LoadOptions) -> int:
+        """Weight files on disk plus the working memory of a full batch, before loading."""
+        from transformers import AutoConfig
+
+        from model_registry.memory import weight_bytes
+
+        directory = self.layout.transformer_dir
+        config = AutoConfig.from_pretrained(str(directory), trust_remote_code=self.trust_remote_code)
+        dtype = backend.resolve_dtype(options.dtype, backend.resolve_device(options.device))
+        working = backend.activation_estimate(config, options.max_batch_tokens, self.layout.max_length, dtype)
+        return weight_bytes(self.layout.root) + working
+
     def text_tokens(self, items: Sequence[EmbedItem]) -> list[Tokens]:
         """Tokenize text and token-id items of one request, prompts prepended."""
         assert self.tokenizer is not None, "This is a bug: prepare() called before load()"

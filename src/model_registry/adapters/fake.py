@@ -5,12 +5,16 @@ can be checked exactly. Options (the model entry's `options`):
 - `dimensions` (8): vector width;
 - `delay` (0.0): seconds each batch's forward takes;
 - `fail_on` (none): a word that makes the whole batch holding it raise in `forward`;
-- `max_length` (512): longest input in words.
+- `max_length` (512): longest input in words;
+- `footprint` (4 * dimensions): the bytes it declares it holds while loaded;
+- `allocate` (false): really hold `footprint` bytes of host memory while loaded;
+- `load_delay` (0.0): seconds a load takes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -41,17 +45,36 @@ class FakeAdapter(Adapter):
         self.fail_on = options.get("fail_on")
         self.limit = int(options.get("max_length", 512))
         self.max_length = self.limit
+        self.declared = int(options.get("footprint", 4 * self.width))
+        self.allocate = bool(options.get("allocate", False))
+        self.load_delay = float(options.get("load_delay", 0.0))
         self.batches: list[int] = []
         self.loaded = False
+        self._held: mmap.mmap | None = None
 
     def load(self, options: LoadOptions) -> None:
+        if self.load_delay:
+            time.sleep(self.load_delay)
+        if self.allocate:
+            # An anonymous mapping of its own, written to so that the pages are resident: it goes
+            # back to the system when closed, whatever the allocator does with freed heap.
+            size, page = max(1, self.declared), mmap.PAGESIZE
+            self._held = mmap.mmap(-1, size)
+            for offset in range(0, size, page):
+                self._held[offset] = 1
         self.loaded = True
 
     def unload(self) -> None:
+        if self._held is not None:
+            self._held.close()
+        self._held = None
         self.loaded = False
 
+    def estimate(self, options: LoadOptions) -> int:
+        return self.declared
+
     def footprint(self) -> int:
-        return 4 * self.width
+        return self.declared
 
     def prepare(self, items: Sequence[Item]) -> list[Prepared]:
         prepared = []

@@ -66,7 +66,7 @@ class TextTokenizer:
 
     def encode(self, texts: Sequence[str], truncate: Sequence[bool], *, offset: int = 0) -> list[list[int]]:
         """Token ids per text; too long with truncation off is `InputTooLong` naming the index."""
-        if not texts:
+        if not texts:  # the fast tokenizer raises IndexError on an empty batch
             return []
         if self.do_lower_case:
             texts = [t.lower() for t in texts]

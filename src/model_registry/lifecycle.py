@@ -1,0 +1,403 @@
+"""Model lifecycle: load on demand inside a memory budget, evict the least recently used, expire.
+
+Rules, per device (CPU RAM, or one CUDA device's memory):
+- Every loaded or loading model is charged its footprint against the device's budget: an estimate
+  while it loads (its last measured footprint, else `Adapter.estimate`), its measured footprint
+  once loaded.
+- Before a load, the least recently used idle models on the device are evicted until the new one
+  fits. Pinned models, models with work queued, running or about to be queued, and models being
+  loaded are never evicted. When only busy models stand in the way, the load waits up to
+  `room_wait` seconds for one to go idle, then fails with `InsufficientMemory` (a 503) saying
+  what was needed, what was free and which models were busy. Such a model is not marked failed.
+- One load at a time per model: concurrent callers wait on the same future. A failed load is
+  remembered with its error and retried by a request that comes after the back-off.
+- A model with `keep_alive` is unloaded once idle for that many seconds. An operator's unload
+  holds new callers back while the work in flight finishes; they then load the model again.
+
+All bookkeeping runs on the event loop; loading and unloading run on threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar
+
+from model_registry import memory
+from model_registry.adapters import Adapter, LoadOptions, create_adapter
+from model_registry.batching import BatchQueue
+from model_registry.config import ModelSpec, RegistryConfig
+from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
+from model_registry.handles import DeviceUsage, EventKind, LifecycleEvent, ModelHandle
+from model_registry.types import Kind, ModelState
+from model_registry.worker import BatchStats, Worker
+
+log = logging.getLogger(__name__)
+
+_CPU_BATCH_TOKENS = 2048
+_GPU_BATCH_TOKENS = 16384
+_DRAIN_POLL = 0.02
+
+T = TypeVar("T")
+
+__all__ = ["DeviceUsage", "EventKind", "Lifecycle", "LifecycleEvent", "ModelHandle"]
+
+
+class Lifecycle:
+    """Owns the transitions of every `ModelHandle`: load, evict, unload, expire."""
+
+    def __init__(
+        self,
+        config: RegistryConfig,
+        handles: Mapping[str, ModelHandle],
+        *,
+        on_batch: Callable[[BatchStats], None] | None = None,
+        on_event: Callable[[LifecycleEvent], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.handles = handles
+        self.events: deque[LifecycleEvent] = deque(maxlen=10_000)
+        self._on_batch = on_batch
+        self._on_event = on_event
+        self._budgets: dict[str, int] = {}
+        self._admission = asyncio.Lock()
+        self._stamps = itertools.count(1)
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._keeper: asyncio.Task[None] | None = None
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+
+    def budget(self, device: str) -> int:
+        """The device's budget in bytes, fixed the first time the device is asked about."""
+        if device not in self._budgets:
+            self._budgets[device] = memory.device_budget(self.config.memory_budget, device)
+        return self._budgets[device]
+
+    def usage(self) -> list[DeviceUsage]:
+        return [DeviceUsage(d, b, self._charged(d)) for d, b in sorted(self._budgets.items())]
+
+    def touch(self, handle: ModelHandle) -> None:
+        handle.touched = next(self._stamps)
+        handle.used_at = time.monotonic()
+        handle.last_used = time.time()
+
+    def _charged(self, device: str, *, besides: ModelHandle | None = None) -> int:
+        return sum(h.charged for h in self.handles.values() if h.device == device and h is not besides)
+
+    def _emit(self, event: LifecycleEvent) -> None:
+        self.events.append(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    async def ensure_loaded(self, handle: ModelHandle, *, retry_failed: bool = False) -> Adapter:
+        """The model's adapter, loading it first (once, however many callers ask) if needed.
+
+        Returns without yielding to the event loop once the model is loaded and not draining, so
+        the caller can count itself in `inflight` before anything can evict the model.
+        """
+        while True:
+            if handle.state == ModelState.LOADED and handle.adapter is not None:
+                if not handle.draining:
+                    return handle.adapter
+                # Being emptied for another model: wait for the eviction (or its cancellation).
+                await handle.undrained.wait()
+                continue
+            self._check_back_off(handle, retry_failed)
+            if handle.loading is None:
+                handle.loading = asyncio.get_running_loop().create_future()
+                self._tasks.add(task := asyncio.create_task(self._load(handle, handle.loading)))
+                task.add_done_callback(self._tasks.discard)
+            handle.waiting += 1
+            try:
+                await asyncio.shield(handle.loading)
+            finally:
+                handle.waiting -= 1
+
+    def _check_back_off(self, handle: ModelHandle, retry_failed: bool) -> None:
+        if handle.state == ModelState.FAILED and not retry_failed and handle.loading is None:
+            waited = time.monotonic() - handle.failed_at
+            if waited < self.config.failed_retry_after:
+                raise ModelUnavailable(
+                    f"the model '{handle.spec.name}' failed to load: {handle.error} "
+                    f"(next attempt in {self.config.failed_retry_after - waited:.0f}s)"
+                )
+
+    async def _load(self, handle: ModelHandle, done: asyncio.Future[None]) -> None:
+        spec = handle.spec
+        started = time.perf_counter()
+        async with handle.lock:
+            handle.state, handle.error = ModelState.LOADING, None
+            try:
+                adapter = await self._bring_up(handle)
+            except Exception as error:
+                self._failed(handle, error)
+                if isinstance(error, InsufficientMemory):
+                    done.set_exception(error)
+                else:
+                    done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
+                done.exception()  # retrieved here so that an unawaited failure is not reported as lost
+            else:
+                self._start_worker(handle, adapter)
+                seconds = time.perf_counter() - started
+                log.info("model '%s' loaded in %.2fs (%s)", spec.name, seconds, memory.format_bytes(handle.footprint))
+                self._emit(
+                    LifecycleEvent(EventKind.LOADED, spec.name, handle.device, handle.footprint, time.time(), seconds)
+                )
+                done.set_result(None)
+            finally:
+                handle.loading = None
+
+    def _failed(self, handle: ModelHandle, error: Exception) -> None:
+        handle.charged = 0
+        handle.error = str(error) if isinstance(error, RegistryError) else f"{type(error).__name__}: {error}"
+        if isinstance(error, InsufficientMemory):
+            # Room may come at any moment; the next request tries again, with no back-off.
+            handle.state = ModelState.UNLOADED
+            log.warning("model '%s' was not loaded: %s", handle.spec.name, handle.error)
+            self._emit(
+                LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
+            )
+            return
+        handle.state, handle.failed_at = ModelState.FAILED, time.monotonic()
+        if isinstance(error, asyncio.TimeoutError):
+            handle.error = f"loading took longer than {self.config.load_timeout:g}s"
+        log.error("model '%s' failed to load: %s", handle.spec.name, handle.error)
+        self._emit(
+            LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
+        )
+
+    async def _bring_up(self, handle: ModelHandle) -> Adapter:
+        """Build the adapter, make room for its estimate, load it, then charge what it measured."""
+        spec = handle.spec
+        deadline = time.monotonic() + self.config.load_timeout
+        adapter = await self._off_loop(deadline, None, create_adapter, spec)
+        handle.device = self._device(spec)
+        options = LoadOptions(
+            device=spec.device,
+            dtype=spec.dtype,
+            max_batch_tokens=self._batch_tokens(spec),
+            max_image_pixels=self.config.max_image_pixels,
+            max_audio_seconds=self.config.max_audio_seconds,
+        )
+        need = handle.footprint or adapter.estimate(options) or 0
+        await self._fit(handle, need, real=True)
+        try:
+            measured = await self._off_loop(deadline, adapter, memory.load_and_measure, adapter, options, handle.device)
+        except BaseException:
+            handle.charged = 0
+            raise
+        handle.footprint = measured
+        try:
+            await self._fit(handle, measured, real=False)
+        except InsufficientMemory:
+            await asyncio.to_thread(self._release, adapter, handle.device)
+            raise
+        return adapter
+
+    async def _off_loop(self, deadline: float, loaded: Adapter | None, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a
+        timeout, whatever it goes on loading into `loaded` is unloaded when it finishes."""
+        work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            if loaded is not None:
+                late = loaded
+                work.add_done_callback(lambda _: self._spawn(asyncio.to_thread(late.unload)))
+            raise
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start_worker(self, handle: ModelHandle, adapter: Adapter) -> None:
+        queue = BatchQueue(
+            max_batch_tokens=self._batch_tokens(handle.spec, adapter),
+            max_items=handle.spec.max_queued_items,
+            batch_cost=adapter.batch_cost,
+            small_request_items=self.config.small_request_items,
+        )
+        worker = Worker(handle.spec.name, adapter, queue, on_batch=self._on_batch)
+        worker.start()
+        handle.adapter, handle.queue, handle.worker = adapter, queue, worker
+        handle.state = ModelState.LOADED
+        self.touch(handle)
+
+    @staticmethod
+    def _device(spec: ModelSpec) -> str:
+        # The fake model holds host memory whatever device it is given.
+        return "cpu" if spec.kind == Kind.FAKE else memory.memory_device(spec.device)
+
+    @staticmethod
+    def _batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
+        if spec.max_batch_tokens:
+            return spec.max_batch_tokens
+        device = str(getattr(adapter, "device", spec.device))
+        return _GPU_BATCH_TOKENS if device.startswith("cuda") else _CPU_BATCH_TOKENS
+
+    # ---- making room ---------------------------------------------------------------------------
+
+    async def _fit(self, handle: ModelHandle, need: int, *, real: bool) -> None:
+        """Evict LRU idle models on the handle's device until `need` bytes fit, then charge them.
+
+        `real` also requires the device to have that much free memory now (other processes use
+        it too); it is off once the model is loaded, since its memory is then already taken.
+        When only busy models stand in the way, waits up to `room_wait` seconds for one to go
+        idle, without holding the admission lock, so that loads that can fit are not held up.
+        """
+        budget = self.budget(handle.device)
+        if need > budget:
+            raise self._no_room(handle, need, budget - self._charged(handle.device, besides=handle))
+        give_up = time.monotonic() + self.config.room_wait
+        while True:
+            async with self._admission:  # two loads never count the same free bytes
+                room = await self._make_room(handle, need, real=real)
+            if room is None:
+                return
+            if time.monotonic() >= give_up or not self._may_go_idle(handle.device, besides=handle):
+                raise self._no_room(handle, need, room)
+            await asyncio.sleep(_DRAIN_POLL)
+
+    async def _make_room(self, handle: ModelHandle, need: int, *, real: bool) -> int | None:
+        """Evict idle models, least recently used first, until `need` fits: then charge it and
+        return None; else return the room there is."""
+        device, budget = handle.device, self.budget(handle.device)
+        while True:
+            room = budget - self._charged(device, besides=handle)
+            if real:
+                room = min(room, memory.probe(device).free)
+            if need <= room:
+                handle.charged = need
+                return None
+            victims = self._victims(device, besides=handle)
+            if not victims:
+                return room
+            candidates = tuple((v.spec.name, v.touched) for v in victims)
+            await self.unload(victims[0], kind=EventKind.EVICTED, candidates=candidates)
+
+    def _may_go_idle(self, device: str, *, besides: ModelHandle) -> bool:
+        return any(
+            h.device == device and h is not besides and not h.spec.pin and h.state == ModelState.LOADED
+            for h in self.handles.values()
+        )
+
+    def _victims(self, device: str, *, besides: ModelHandle) -> list[ModelHandle]:
+        idle = [h for h in self.handles.values() if h.device == device and h is not besides and h.evictable]
+        return sorted(idle, key=lambda h: h.touched)
+
+    def _no_room(self, handle: ModelHandle, need: int, room: int) -> InsufficientMemory:
+        busy = [
+            h.spec.name + (" (pinned)" if h.spec.pin else "")
+            for h in self.handles.values()
+            if h.device == handle.device and h is not handle and h.charged and not h.evictable
+        ]
+        fmt = memory.format_bytes
+        return InsufficientMemory(
+            f"not enough memory on {handle.device} for the model '{handle.spec.name}': it needs {fmt(need)}, "
+            f"{fmt(max(0, room))} is free within the budget of {fmt(self.budget(handle.device))}, and the models "
+            f"holding the rest cannot be evicted now: {', '.join(busy) or 'none'}"
+        )
+
+    # ---- unloading -----------------------------------------------------------------------------
+
+    async def unload(
+        self,
+        handle: ModelHandle,
+        *,
+        kind: EventKind = EventKind.UNLOADED,
+        drain: float = 0.0,
+        candidates: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        """Stop the model's worker and give its memory back.
+
+        `drain` waits up to that many seconds for queued and running work to finish first. An
+        eviction or expiry is abandoned if the model became busy meanwhile.
+        """
+        if handle.loading is not None:
+            await asyncio.gather(asyncio.shield(handle.loading), return_exceptions=True)
+        if drain and handle.state == ModelState.LOADED:
+            await self._drain(handle, drain)
+        async with handle.lock:
+            if kind != EventKind.UNLOADED and not handle.evictable:
+                return
+            worker, adapter = handle.worker, handle.adapter
+            if adapter is None:
+                return
+            handle.worker = handle.adapter = handle.queue = None
+            handle.state = ModelState.UNLOADED
+            if handle.draining:
+                handle.draining = False
+                handle.undrained.set()
+            started, freed = time.perf_counter(), handle.charged
+            try:
+                if worker is not None:
+                    await asyncio.to_thread(worker.stop)
+                del worker
+                await asyncio.to_thread(self._release, adapter, handle.device)
+            finally:
+                handle.charged = 0
+            seconds = time.perf_counter() - started
+        log.info("model '%s' %s (%s freed)", handle.spec.name, kind.value, memory.format_bytes(freed))
+        self._emit(LifecycleEvent(kind, handle.spec.name, handle.device, freed, time.time(), seconds, "", candidates))
+
+    async def _drain(self, handle: ModelHandle, seconds: float) -> None:
+        """Hold new callers back and wait up to `seconds` for the work in flight to finish."""
+        deadline = time.monotonic() + seconds
+        handle.draining = True
+        handle.undrained.clear()
+        try:
+            # Polled: work finishes on the worker's threads, which signal nothing to the loop.
+            while handle.busy and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(_DRAIN_POLL)
+        finally:
+            # Whether or not the unload follows, waiting callers re-check the model's state.
+            handle.draining = False
+            handle.undrained.set()
+
+    @staticmethod
+    def _release(adapter: Adapter, device: str) -> None:
+        adapter.unload()
+        del adapter
+        memory.release(device)
+
+    async def unload_by_request(self, handle: ModelHandle) -> None:
+        """An operator's unload: refused for pinned models, waits for work in flight to finish."""
+        if handle.spec.pin:
+            raise UnsupportedOperation(
+                f"the model '{handle.spec.name}' is pinned (always loaded); remove 'pin: true' from its "
+                "configuration to unload it",
+                param="model",
+            )
+        await self.unload(handle, drain=self.config.request_timeout)
+
+    # ---- keep-alive ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        timed = [h.spec.keep_alive for h in self.handles.values() if h.spec.keep_alive and not h.spec.pin]
+        if timed and self._keeper is None:
+            period = min(5.0, max(0.05, min(timed) / 4))
+            self._keeper = asyncio.create_task(self._keep_alive(period))
+
+    async def _keep_alive(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for handle in list(self.handles.values()):
+                limit = handle.spec.keep_alive
+                if limit and handle.evictable and now - handle.used_at >= limit:
+                    await self.unload(handle, kind=EventKind.EXPIRED)
+
+    async def stop(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
+        for handle in self.handles.values():
+            await self.unload(handle)

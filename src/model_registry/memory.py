@@ -1,0 +1,184 @@
+"""Device memory: how much there is, how much a model takes, and giving it back.
+
+CPU figures come from psutil (available RAM); CUDA figures from `torch.cuda.mem_get_info`, with
+torch imported only when a CUDA device is asked about. Nothing here decides what to evict; that
+policy lives in `lifecycle.py`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import importlib.util
+import logging
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.config import parse_budget
+from model_registry.errors import ModelUnavailable, RegistryError
+from model_registry.types import Capability, EmbedItem, TokenIds
+
+log = logging.getLogger(__name__)
+
+_PICKLED = (".bin", ".pt", ".pth")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """What a device has right now, in bytes."""
+
+    total: int
+    free: int
+
+
+def memory_device(requested: str) -> str:
+    """The device whose memory a model with `device: requested` will use ('cpu' or 'cuda:N')."""
+    if requested == "auto":
+        return "cuda:0" if cuda_available() else "cpu"
+    if requested == "cuda":
+        return "cuda:0"
+    return requested
+
+
+def cuda_available() -> bool:
+    """True when torch is installed and sees a CUDA device; never imports torch needlessly."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def probe(device: str) -> DeviceMemory:
+    """Total and free memory of `device` ('cpu' means the machine's available RAM)."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return DeviceMemory(total=int(total), free=int(free))
+    ram = psutil.virtual_memory()
+    return DeviceMemory(total=int(ram.available), free=int(ram.available))
+
+
+def device_budget(budget: str | int, device: str) -> int:
+    """The budget in bytes for `device`: a byte count as given, a percentage of its memory.
+
+    On CPU the percentage is of the RAM available when asked (the process's own models included
+    at that moment), so a registry should ask once, before it loads anything.
+    """
+    return parse_budget(budget, total=probe(device).total)
+
+
+def process_rss() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+@cache
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        library = ctypes.CDLL(name)
+    except OSError:
+        return None
+    return library if hasattr(library, "malloc_trim") else None
+
+
+def release(device: str) -> None:
+    """Give freed memory back to the system: collect cycles, trim glibc's heap, empty CUDA's cache.
+
+    Without the trim, glibc keeps freed arenas mapped and RSS stays at its peak after an unload.
+    """
+    gc.collect()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+
+
+def weight_bytes(directory: Path) -> int:
+    """Bytes of torch weight files under `directory`: a fair first estimate of a model's weights.
+
+    Where a folder has both safetensors and pickled weights they are copies, so only the
+    safetensors count; other backends' files (ONNX, CTranslate2) are not what torch loads.
+    """
+    total = 0
+    for folder in (directory, *(p for p in directory.rglob("*") if p.is_dir())):
+        files = [p for p in folder.iterdir() if p.is_file()]
+        chosen = [p for p in files if p.suffix == ".safetensors"] or [p for p in files if p.suffix in _PICKLED]
+        total += sum(p.stat().st_size for p in chosen)
+    return total
+
+
+def worst_case_items(adapter: Adapter, max_batch_tokens: int) -> list[EmbedItem]:
+    """Items that fill one batch at `max_batch_tokens` with the longest inputs the model takes."""
+    if Capability.EMBED_TEXT not in adapter.capabilities or not adapter.max_length:
+        return []
+    length = min(adapter.max_length, max_batch_tokens)
+    count = max(1, max_batch_tokens // length)
+    # Token id 1 is inside every vocabulary; client-given ids are used as the whole sequence.
+    return [EmbedItem(TokenIds((1,) * length)) for _ in range(count)]
+
+
+def load_and_measure(adapter: Adapter, options: LoadOptions, device: str) -> int:
+    """Load `adapter` onto `device` and return its footprint in bytes.
+
+    On CUDA: the allocator's growth over the load plus the peak of a warm-up forward on a
+    worst-case batch, so that a model too large for its batch budget fails here, at load, rather
+    than under traffic. Elsewhere: the adapter's own estimate (weights plus working memory).
+    """
+    if not device.startswith("cuda"):
+        adapter.load(options)
+        return adapter.footprint()
+    import torch
+
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    adapter.load(options)
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        _warm_up(adapter, options.max_batch_tokens)
+    except torch.cuda.OutOfMemoryError:
+        adapter.unload()
+        release(device)
+        raise ModelUnavailable(
+            f"the model ran out of {device} memory on a worst-case batch of {options.max_batch_tokens} tokens; "
+            "lower its max_batch_tokens or free memory"
+        ) from None
+    except RegistryError as error:
+        # The adapter does not take token-id input: its own estimate stands in for the warm-up.
+        log.warning("no warm-up for %s (%s); using its estimated footprint", type(adapter).__name__, error)
+        return adapter.footprint()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - before)
+
+
+def _warm_up(adapter: Adapter, max_batch_tokens: int) -> None:
+    items = worst_case_items(adapter, max_batch_tokens)
+    if not items:
+        return
+    prepared = adapter.prepare(items)
+    batch = adapter.collate(prepared)
+    adapter.postprocess(batch, adapter.forward(batch))
+
+
+def format_bytes(count: int | float) -> str:
+    """1536 -> '1.5 KiB'; for messages that people read."""
+    value, unit = float(count), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
