@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity_server.api import native, openai
+from infinity_server.api import cohere, encode, infinity, native, openai
 from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
 from infinity_server.metrics import Metrics
 from infinity_server.settings import Settings
@@ -127,7 +127,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
             await engine.stop()
 
     app = Starlette(
-        routes=[*openai.routes, *native.routes],
+        routes=[*openai.routes, *native.routes, *infinity.routes, *cohere.routes, *encode.routes],
         lifespan=lifespan,
         exception_handlers={
             HTTPError: handle_exception,
