@@ -76,6 +76,7 @@ class Layout:
     query_prompt_name: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -184,4 +185,5 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),
         config=config,
         modules=tuple(found.get("modules", ())),
+        options=dict(spec.options),
     )
