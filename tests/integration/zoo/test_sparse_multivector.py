@@ -230,3 +230,28 @@ def test_bge_m3_three_outputs_in_one_call(serve: Any, tmp_path: Path) -> None:
     for result in ranked["results"]:
         d = np.asarray(together[result["index"]]["multivector"])
         assert result["relevance_score"] == pytest.approx(float((q @ d.T).max(axis=1).sum() / len(q)), abs=1e-4)
+
+
+def test_embedding_types_over_http(serve: Any, tmp_path: Path) -> None:
+    import base64
+
+    from infinity_server.encoding import encode_vectors
+
+    directory = tiny_bge_m3(tmp_path / "m3")
+    server = serve({"models": [{"name": "m3", "source": str(directory)}]})
+    with server.client() as client:
+        floats = encode(client, "m3", TEXTS, outputs=["dense", "multivector"])
+        for dtype in ("int8", "uint8", "binary", "ubinary"):
+            quantized = encode(client, "m3", TEXTS, outputs=["dense", "multivector"], embedding_type=dtype)
+            b64 = encode(client, "m3", TEXTS, outputs=["multivector"], embedding_type=dtype, encoding_format="base64")
+            openai = client.post("/v1/embeddings", json={"model": "m3", "input": TEXTS, "embedding_type": dtype})
+            dense = [np.asarray(f["dense"], np.float32) for f in floats]
+            multi = [np.asarray(f["multivector"], np.float32) for f in floats]
+            assert [q["dense"] for q in quantized] == encode_vectors(dense, dtype, "float")
+            assert [q["multivector"] for q in quantized] == encode_vectors(multi, dtype, "float")
+            assert [d["embedding"] for d in openai.json()["data"]] == [q["dense"] for q in quantized]
+            wire = b64[1]["multivector"]
+            raw = np.frombuffer(base64.b64decode(wire["data"]), dtype=wire["dtype"]).reshape(wire["shape"][0], -1)
+            assert raw.tolist() == quantized[1]["multivector"]
+        bad = client.post("/v1/encode", json={"model": "m3", "input": TEXTS, "embedding_type": "int4"})
+    assert bad.status_code == 422
