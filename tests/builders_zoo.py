@@ -87,7 +87,7 @@ def colbert_tokenizer(max_length: int = 128) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    specials = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[Q]", "[D]"]
     tok.train_from_iterator(CORPUS * 5, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
@@ -135,6 +135,55 @@ def tiny_colbert(root: Path, *, dim: int = 16, query_maxlen: int = 12, doc_maxle
         "similarity": "cosine",
     }
     (root / "artifact.metadata").write_text(json.dumps(metadata, indent=2))
+    return root
+
+
+def tiny_pylate(root: Path, *, dim: int = 16, query_length: int = 12, document_length: int = 24, seed: int = 0) -> Path:
+    """A PyLate checkpoint: sentence-transformers layout, Transformer + bias-free Dense, ColBERT settings."""
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    tokenizer = colbert_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL)
+    BertModel(config, add_pooling_layer=False).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    linear = torch.nn.Linear(32, dim, bias=False)
+    (root / "1_Dense").mkdir()
+    save_file({"linear.weight": linear.weight.detach().contiguous()}, str(root / "1_Dense" / "model.safetensors"))
+    write_json(
+        root / "1_Dense" / "config.json",
+        {
+            "in_features": 32,
+            "out_features": dim,
+            "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity",
+        },
+    )
+    write_json(
+        root / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+        ],
+    )
+    write_json(root / "sentence_bert_config.json", {"max_seq_length": document_length - 1, "do_lower_case": False})
+    write_json(
+        root / "config_sentence_transformers.json",
+        {
+            "model_type": "ColBERT",
+            "query_prefix": "[Q] ",
+            "document_prefix": "[D] ",
+            "query_length": query_length,
+            "document_length": document_length,
+            "do_query_expansion": True,
+            "attend_to_expansion_tokens": False,
+            "skiplist_words": list("!,.?"),
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "MaxSim",
+        },
+    )
     return root
 
 

@@ -29,7 +29,8 @@ import torch
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextEncoder, load_dense_layer
 from model_registry.adapters.items import embed_item
-from model_registry.detect import Layout, read_json
+from model_registry.detect import DenseLayer, Layout, read_json
+from model_registry.detect import _dense_layer as dense_layer
 from model_registry.errors import InvalidInput, ModelUnavailable
 from model_registry.types import Capability, Embedding, Item, Kind, Output, Prepared, Result, Text
 
@@ -90,6 +91,17 @@ class ColbertBatch:
     keep: torch.Tensor
 
 
+def pylate_dense_layers(root: Path) -> tuple[DenseLayer, ...]:
+    """PyLate names its projection `pylate.models.Dense.Dense`; it reads like sentence-transformers' Dense."""
+    path = root / "modules.json"
+    modules = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    return tuple(
+        dense_layer(root / str(m.get("path", "")))
+        for m in modules
+        if isinstance(m, dict) and str(m.get("type", "")).rsplit(".", 1)[-1] == "Dense"
+    )
+
+
 def _linear_from_checkpoint(root: Path) -> torch.Tensor:
     if (root / "model.safetensors").is_file():
         from safetensors import safe_open
@@ -122,11 +134,12 @@ class ColbertAdapter(TextEncoder):
         from transformers import AutoModel
 
         self.load_model(options, AutoModel)
-        if self.layout.dense_layers:
+        layers = self.layout.dense_layers or pylate_dense_layers(self.layout.root)
+        if layers:
             self.projection = torch.nn.Sequential(
-                *(load_dense_layer(layer, self.device, self.dtype) for layer in self.layout.dense_layers)
+                *(load_dense_layer(layer, self.device, self.dtype) for layer in layers)
             )
-            self.dimensions = self.layout.dense_layers[-1].out_features
+            self.dimensions = layers[-1].out_features
         else:
             weight = _linear_from_checkpoint(self.layout.root)
             linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)

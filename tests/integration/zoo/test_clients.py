@@ -119,3 +119,27 @@ def test_openai_client_embeds_with_a_multi_output_model(server: Any) -> None:
         encoded = http.post("/v1/encode", json={"model": "m3", "input": TEXTS, "outputs": ["dense"]}).json()["data"]
     for got, expected in zip(answer.data, encoded, strict=True):
         np.testing.assert_allclose(got.embedding, expected["dense"], atol=1e-6)
+
+
+def test_a_broken_model_does_not_take_down_the_others(serve: Any, zoo: dict[str, Path], tmp_path: Path) -> None:
+    from tests.builders_zoo import tiny_colbert
+
+    broken = tiny_colbert(tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes(b"not a checkpoint")
+    server = serve(
+        {
+            "models": [
+                {"name": "clf-as-reranker", "source": str(zoo["clf"]), "kind": "reranker"},
+                {"name": "broken", "source": str(broken)},
+                {"name": "ce", "source": str(zoo["ce"])},
+            ]
+        }
+    )
+    with server.client() as client:
+        wrong = client.post("/rerank", json={"model": "clf-as-reranker", "query": "q", "documents": ["a"]})
+        dead = client.post("/v1/encode", json={"model": "broken", "input": ["a"], "outputs": ["multivector"]})
+        fine = client.post("/rerank", json={"model": "ce", "query": "q", "documents": ["a"]})
+    assert wrong.status_code == 503
+    assert "kind: classifier" in wrong.json()["error"]["message"]
+    assert dead.status_code == 503
+    assert fine.status_code == 200

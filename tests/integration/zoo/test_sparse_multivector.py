@@ -255,3 +255,25 @@ def test_embedding_types_over_http(serve: Any, tmp_path: Path) -> None:
             assert raw.tolist() == quantized[1]["multivector"]
         bad = client.post("/v1/encode", json={"model": "m3", "input": TEXTS, "embedding_type": "int4"})
     assert bad.status_code == 422
+
+
+def test_pylate_checkpoint_matches_sentence_transformers(serve: Any, tmp_path: Path) -> None:
+    from sentence_transformers import MultiVectorEncoder
+
+    from tests.builders_zoo import tiny_pylate
+
+    directory = tiny_pylate(tmp_path / "pylate")
+    reference = MultiVectorEncoder(str(directory), device="cpu")
+    docs = [*TEXTS, " ".join(TEXTS * 3)]
+    expected_queries = [q.numpy() for q in reference.encode_query(TEXTS, convert_to_numpy=False)]
+    expected_docs = [d.numpy() for d in reference.encode_document(docs, convert_to_numpy=False)]
+    server = serve({"models": [{"name": "pylate", "source": str(directory)}]})
+    with server.client() as client:
+        queries = encode(client, "pylate", TEXTS, outputs=["multivector"], prompt_name="query")
+        documents = encode(client, "pylate", docs, outputs=["multivector"])
+        single = [encode(client, "pylate", [d], outputs=["multivector"])[0] for d in docs]
+    for got, expected in zip(queries, expected_queries, strict=True):
+        np.testing.assert_allclose(got["multivector"], expected, atol=1e-5)
+    for got, alone, expected in zip(documents, single, expected_docs, strict=True):
+        np.testing.assert_allclose(got["multivector"], expected, atol=1e-5)
+        np.testing.assert_allclose(alone["multivector"], got["multivector"], atol=1e-5)
