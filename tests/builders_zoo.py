@@ -35,8 +35,55 @@ def tiny_cross_encoder(root: Path, *, labels: int = 1, seed: int = 0, max_length
     return root
 
 
-def tiny_llm_reranker(root: Path, *, seed: int = 0) -> Path:
-    """A Qwen2ForSequenceClassification with one label, scored on its last token."""
+def tiny_xlmr_cross_encoder(root: Path, *, seed: int = 0) -> Path:
+    """An XLMRobertaForSequenceClassification with one label (a multilingual reranker's shape)."""
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    from tests.builders_xlmr import unigram_tokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = unigram_tokenizer()
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=130,
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=1,
+        **SMALL,
+    )
+    XLMRobertaForSequenceClassification(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+def tiny_modernbert_cross_encoder(root: Path, *, seed: int = 0) -> Path:
+    """A ModernBertForSequenceClassification with one label; its tokenizer gives no segment ids."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    torch.manual_seed(seed)
+    tokenizer = wordpiece_tokenizer()
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    config = ModernBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        num_labels=1,
+    )
+    ModernBertForSequenceClassification(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+def tiny_llm_reranker(root: Path, *, seed: int = 0, config_pad: bool = True) -> Path:
+    """A Qwen2ForSequenceClassification with one label, scored on its last token; without
+    `config_pad` its config names no pad token (as many LLM rerankers ship)."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
     torch.manual_seed(seed)
@@ -46,7 +93,7 @@ def tiny_llm_reranker(root: Path, *, seed: int = 0) -> Path:
         num_key_value_heads=1,
         max_position_embeddings=128,
         num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id if config_pad else None,
         **SMALL,
     )
     Qwen2ForSequenceClassification(config).eval().save_pretrained(root)

@@ -8,7 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.builders_zoo import tiny_cross_encoder, tiny_llm_reranker
+from tests.builders_zoo import (
+    tiny_cross_encoder,
+    tiny_llm_reranker,
+    tiny_modernbert_cross_encoder,
+    tiny_xlmr_cross_encoder,
+)
 from tests.conftest import read_sts
 
 pytestmark = pytest.mark.integration
@@ -57,6 +62,34 @@ def test_cross_encoder_matches_sentence_transformers(serve: Any, reranker_dir: P
     assert all(r["document"] is None for r in raw["results"])
     # batched equals single
     np.testing.assert_allclose(single, [got[i] for i in range(6)], atol=1e-5)
+
+
+@pytest.mark.parametrize("builder", [tiny_xlmr_cross_encoder, tiny_modernbert_cross_encoder])
+def test_other_encoder_cross_encoders_match(serve: Any, tmp_path: Path, builder: Any) -> None:
+    directory = builder(tmp_path / "ce")
+    query = "Which animal sleeps on the windowsill?"
+    documents = ["The cat sleeps on the warm windowsill.", "Stocks fell.", "A plane is taking off from the airport."]
+    expected = predict(directory, query, documents)
+    server = serve({"models": [{"name": "ce", "source": str(directory)}]})
+    with server.client() as client:
+        body = rerank(client, "ce", query, documents).json()
+        single = [rerank(client, "ce", query, [d]).json()["results"][0]["relevance_score"] for d in documents]
+    got = {r["index"]: r["relevance_score"] for r in body["results"]}
+    np.testing.assert_allclose([got[i] for i in range(3)], expected, atol=1e-5)
+    np.testing.assert_allclose(single, expected, atol=1e-5)
+
+
+def test_llm_reranker_without_a_configured_pad_token(serve: Any, tmp_path: Path) -> None:
+    """transformers cannot batch such a model; the server scores the last real token of each row."""
+    directory = tiny_llm_reranker(tmp_path / "qwen", config_pad=False)
+    query = "Which animal sleeps on the windowsill?"
+    documents = ["The cat sleeps on the warm windowsill.", "Stocks fell.", "A plane is taking off from the airport."]
+    expected = [float(predict(directory, query, [d])[0]) for d in documents]  # one pair at a time
+    server = serve({"models": [{"name": "qwen", "source": str(directory)}]})
+    with server.client() as client:
+        body = rerank(client, "qwen", query, documents).json()
+    got = {r["index"]: r["relevance_score"] for r in body["results"]}
+    np.testing.assert_allclose([got[i] for i in range(3)], expected, atol=1e-5)
 
 
 def test_llm_reranker_matches_sentence_transformers(serve: Any, llm_reranker_dir: Path) -> None:
