@@ -19,6 +19,7 @@ class CohereRerankRequest(BaseModel):
     documents: list[Any]
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool | None = None
+    # Accepted for compatibility: documents are cut to the model's own limit, whatever is asked.
     max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1)
     # Extensions.
     raw_scores: StrictBool = False

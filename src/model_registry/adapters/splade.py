@@ -26,7 +26,11 @@ _SPARSE = frozenset({Output.SPARSE})
 
 def splade_pool(logits: torch.Tensor, mask: torch.Tensor, strategy: str = "max") -> torch.Tensor:
     """(batch, tokens, vocab) logits -> (batch, vocab) weights, padding excluded."""
-    weights = torch.log1p(torch.relu(logits.float())) * mask.unsqueeze(-1).to(torch.float32)
+    # In place: the (batch, tokens, vocab) tensor is the largest thing a SPLADE batch holds.
+    weights = logits.float()
+    torch.relu_(weights)
+    torch.log1p_(weights)
+    weights.mul_(mask.unsqueeze(-1).to(torch.float32))
     return weights.sum(dim=1) if strategy == "sum" else weights.max(dim=1).values
 
 
@@ -60,6 +64,7 @@ class SpladeAdapter(TextEncoder):
         self.load_model(options, AutoModelForMaskedLM)
         assert self.tokenizer is not None
         self.dimensions = self.tokenizer.vocab_size
+        self._footprint += options.max_batch_tokens * self.dimensions * 4  # the float32 vocabulary logits
 
     def prepare(self, items: Sequence[Item]) -> list[Prepared]:
         embed_items = [embed_item(item, _SPARSE, "a SPLADE model") for item in items]
