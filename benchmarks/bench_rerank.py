@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "stsbenchmark.tsv.gz"
@@ -127,13 +128,28 @@ def in_process(model: Any, work: list[tuple[str, list[str]]]) -> tuple[float, np
     return time.perf_counter() - started, np.asarray(scores, dtype=np.float64)
 
 
-def interleaved(url: str, model: Any, work: list[tuple[str, list[str]]], clients: int, rounds: int) -> Result:
-    """Alternate HTTP and in-process rounds so that both see the same background load."""
-    result = Result([], [], 0.0)
+def cpu_seconds(server: psutil.Process) -> float:
+    """CPU time used so far by the server process and by this one (the HTTP clients)."""
+    times = server.cpu_times()
+    return times.user + times.system + time.process_time()
+
+
+def interleaved(
+    url: str, model: Any, work: list[tuple[str, list[str]]], clients: int, server: psutil.Process, rounds: int
+) -> Result:
+    """Alternate HTTP and in-process rounds so that both see the same background load.
+
+    Wall time on a shared machine moves with whatever else runs; CPU time (server plus clients
+    against this process alone) measures the work each side does per pair, whatever the load."""
+    result = Result([], [], [], [], 0.0)
     for _ in range(rounds):
+        cpu = cpu_seconds(server)
         seconds, scores = asyncio.run(over_http(url, work, clients))
+        result.http_cpu.append(cpu_seconds(server) - cpu)
         result.http.append(seconds)
+        cpu = time.process_time()
         local_seconds, local_scores = in_process(model, work)
+        result.local_cpu.append(time.process_time() - cpu)
         result.local.append(local_seconds)
         flat = np.asarray([s for row in scores for s in row])
         result.worst = max(result.worst, float(np.max(np.abs(flat - local_scores))))
@@ -144,7 +160,23 @@ def interleaved(url: str, model: Any, work: list[tuple[str, list[str]]], clients
 class Result:
     http: list[float]
     local: list[float]
+    http_cpu: list[float]
+    local_cpu: list[float]
     worst: float
+
+
+def report(result: Result, total: int) -> None:
+    for i, (h, loc) in enumerate(zip(result.http, result.local, strict=True)):
+        print(f"round {i + 1}: server {total / h:7.1f} pairs/s | CrossEncoder.predict {total / loc:7.1f} pairs/s")
+    http_rate, local_rate = total / statistics.median(result.http), total / statistics.median(result.local)
+    http_cpu, local_cpu = total / statistics.median(result.http_cpu), total / statistics.median(result.local_cpu)
+    print(f"median wall  server over HTTP : {http_rate:8.1f} pairs/s")
+    print(f"median wall  CrossEncoder     : {local_rate:8.1f} pairs/s")
+    print(f"wall ratio (server / local)   : {http_rate / local_rate:.2f}x")
+    print(f"median CPU   server + clients : {http_cpu:8.1f} pairs per CPU-second")
+    print(f"median CPU   CrossEncoder     : {local_cpu:8.1f} pairs per CPU-second")
+    print(f"CPU ratio (server / local)    : {http_cpu / local_cpu:.2f}x")
+    print(f"largest score difference      : {result.worst:.2e}")
 
 
 def main() -> None:
@@ -167,18 +199,13 @@ def main() -> None:
         port = free_port()
         server = start_server(model_dir, port, Path(tmp))
         try:
-            result = interleaved(f"http://127.0.0.1:{port}", model, work, args.clients, args.rounds)
+            process = psutil.Process(server.pid)
+            result = interleaved(f"http://127.0.0.1:{port}", model, work, args.clients, process, args.rounds)
         finally:
             server.terminate()
             server.wait(30)
     print(f"pairs per round: {total} ({args.requests} requests x {args.documents} documents, {args.clients} clients)")
-    for i, (h, loc) in enumerate(zip(result.http, result.local, strict=True)):
-        print(f"round {i + 1}: server {total / h:7.1f} pairs/s | CrossEncoder.predict {total / loc:7.1f} pairs/s")
-    http_rate, local_rate = total / statistics.median(result.http), total / statistics.median(result.local)
-    print(f"median server over HTTP   : {http_rate:8.1f} pairs/s")
-    print(f"median CrossEncoder local : {local_rate:8.1f} pairs/s")
-    print(f"ratio (server / local)    : {http_rate / local_rate:.2f}x")
-    print(f"largest score difference  : {result.worst:.2e}")
+    report(result, total)
 
 
 if __name__ == "__main__":

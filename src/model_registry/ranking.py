@@ -72,8 +72,12 @@ def method_output(method: str) -> Output:
     return {MAXSIM: Output.MULTIVECTOR, SPARSE_DOT: Output.SPARSE}.get(method, Output.DENSE)
 
 
-def check_rerank_input(query: object, documents: object, limit: int, max_chars: int) -> list[str]:
+def check_rerank_input(
+    query: object, documents: object, limit: int, max_chars: int, top_n: int | None = None
+) -> list[str]:
     """The documents as strings; an empty query or list, or a non-string document, is `InvalidInput`."""
+    if top_n is not None and top_n < 1:
+        raise InvalidInput(f"top_n must be at least 1, got {top_n}", param="top_n")
     if not isinstance(query, str) or not query.strip():
         raise InvalidInput("query must be a non-empty string", param="query")
     if not isinstance(documents, Sequence) or isinstance(documents, str):
@@ -123,8 +127,6 @@ def embedding_scores(method: str, query: Result, documents: Sequence[Result], *,
 
 
 def ranking(documents: Sequence[str], scores: Sequence[float], top_n: int | None, method: str, tokens: int) -> Ranking:
-    if top_n is not None and top_n < 1:
-        raise InvalidInput(f"top_n must be at least 1, got {top_n}", param="top_n")
     if len(scores) != len(documents):
         raise TypeError("This is a bug: a score is missing for some documents")
     order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[: top_n or len(documents)]

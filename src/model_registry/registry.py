@@ -431,7 +431,7 @@ class Registry:
         """
         handle = self._handle(model)
         limits = self.config
-        docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars)
+        docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars, top_n)
         adapter = await self._ensure_loaded(handle)
         method = rerank_method(adapter.capabilities, model)
         cut = handle.spec.truncate if truncate is None else truncate

@@ -86,7 +86,11 @@ class SequenceClassifier(TextEncoder):
             ]
             self._check_lengths(first, None, truncate, list(single))
             return single
-        query_lengths = [len(ids) for ids in hf(list(first), add_special_tokens=False)["input_ids"]]
+        unique = sorted(set(first))  # a rerank request repeats one query for every document
+        counted = dict(
+            zip(unique, (len(ids) for ids in hf(unique, add_special_tokens=False)["input_ids"]), strict=True)
+        )
+        query_lengths = [counted[q] for q in first]
         room = limit - hf.num_special_tokens_to_add(pair=True) - 1
         out: list[Encoded | None] = [None] * len(first)
         for strategy in ("only_second", "longest_first"):
