@@ -11,7 +11,9 @@ first sentence of row jK. Both sides score exactly the same (query, document) pa
    port) gets the requests from C concurrent clients on `POST /rerank`;
 2. `CrossEncoder.predict(pairs, batch_size=32)` scores the flattened pairs in this process;
 Rounds alternate between the two so that both see the same background load; the script prints
-pairs/s per round, the medians, their ratio, and the largest score difference between the two.
+pairs/s per round, the medians and their ratio, the CPU time each side spent per pair (server
+process plus the client side of this process, against this process alone), and the largest
+score difference between the two.
 """
 
 from __future__ import annotations
@@ -166,13 +168,21 @@ class Result:
 
 
 def report(result: Result, total: int) -> None:
+    ratios = []
     for i, (h, loc) in enumerate(zip(result.http, result.local, strict=True)):
-        print(f"round {i + 1}: server {total / h:7.1f} pairs/s | CrossEncoder.predict {total / loc:7.1f} pairs/s")
+        ratios.append(loc / h)
+        print(
+            f"round {i + 1}: server {total / h:7.1f} pairs/s | CrossEncoder.predict {total / loc:7.1f} pairs/s"
+            f" | ratio {loc / h:.2f}x"
+        )
     http_rate, local_rate = total / statistics.median(result.http), total / statistics.median(result.local)
     http_cpu, local_cpu = total / statistics.median(result.http_cpu), total / statistics.median(result.local_cpu)
     print(f"median wall  server over HTTP : {http_rate:8.1f} pairs/s")
     print(f"median wall  CrossEncoder     : {local_rate:8.1f} pairs/s")
-    print(f"wall ratio (server / local)   : {http_rate / local_rate:.2f}x")
+    print(
+        f"wall ratio (server / local)   : {http_rate / local_rate:.2f}x (median of per-round ratios "
+        f"{statistics.median(ratios):.2f}x)"
+    )
     print(f"median CPU   server + clients : {http_cpu:8.1f} pairs per CPU-second")
     print(f"median CPU   CrossEncoder     : {local_cpu:8.1f} pairs per CPU-second")
     print(f"CPU ratio (server / local)    : {http_cpu / local_cpu:.2f}x")
