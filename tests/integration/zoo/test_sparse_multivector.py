@@ -277,3 +277,17 @@ def test_pylate_checkpoint_matches_sentence_transformers(serve: Any, tmp_path: P
     for got, alone, expected in zip(documents, single, expected_docs, strict=True):
         np.testing.assert_allclose(got["multivector"], expected, atol=1e-5)
         np.testing.assert_allclose(alone["multivector"], got["multivector"], atol=1e-5)
+
+
+def test_rerank_with_splade_uses_the_sparse_dot_product(serve: Any, tmp_path: Path) -> None:
+    directory = tiny_masked_lm(tmp_path / "splade")
+    server = serve({"models": [{"name": "splade", "source": str(directory), "kind": "sparse"}]})
+    with server.client() as client:
+        ranked = client.post("/rerank", json={"model": "splade", "query": TEXTS[0], "documents": TEXTS}).json()
+        vectors = [as_dict(e["sparse"]) for e in encode(client, "splade", TEXTS, outputs=["sparse"])]
+    assert ranked["meta"]["scoring_method"] == "sparse-dot"
+    query = vectors[0]
+    for result in ranked["results"]:
+        document = vectors[result["index"]]
+        expected = sum(value * document.get(token, 0.0) for token, value in query.items())
+        assert result["relevance_score"] == pytest.approx(expected, rel=1e-5)
