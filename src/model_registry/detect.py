@@ -76,6 +76,7 @@ class Layout:
     query_prompt_name: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -160,6 +161,14 @@ def _kind_from_architectures(model_type: str, architectures: tuple[str, ...]) ->
     return Kind.DENSE
 
 
+def _auto_kind(
+    root: Path, config: dict[str, Any], found: dict[str, Any], model_type: str, architectures: tuple[str, ...]
+) -> Kind:
+    from model_registry.detect_zoo import zoo_kind
+
+    return zoo_kind(root, config, found.get("modules", ())) or _kind_from_architectures(model_type, architectures)
+
+
 def detect(root: Path, spec: ModelSpec) -> Layout:
     """Detect the layout of `root`, then apply the overrides that `spec` sets."""
     modules = json.loads((root / "modules.json").read_text()) if (root / "modules.json").is_file() else None
@@ -177,7 +186,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         found["pooling"] = "lasttoken" if decoder else "mean"
         found.setdefault("normalize", True)
     st_extra = read_json(root / "config_sentence_transformers.json")
-    kind = spec.kind if spec.kind != "auto" else _kind_from_architectures(model_type, architectures)
+    kind = spec.kind if spec.kind != "auto" else _auto_kind(root, config, found, model_type, architectures)
     prompts = dict(st_extra.get("prompts") or {})
     prompts.update(spec.prompts or {})
     return Layout(
@@ -197,6 +206,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),
         config=config,
         modules=tuple(found.get("modules", ())),
+        options=dict(spec.options),
     )
 
 

@@ -29,8 +29,21 @@ from model_registry.errors import (
 )
 from model_registry.handles import DeviceUsage, LifecycleEvent, ModelHandle
 from model_registry.lifecycle import Lifecycle
+from model_registry.ranking import (
+    CROSS_ENCODER,
+    Classification,
+    Ranking,
+    check_rerank_input,
+    classification,
+    embedding_scores,
+    method_output,
+    pair_scores,
+    ranking,
+    rerank_method,
+)
 from model_registry.types import (
     Capability,
+    ClassifyItem,
     Content,
     EmbedItem,
     Item,
@@ -39,6 +52,7 @@ from model_registry.types import (
     ModelInfo,
     ModelState,
     Output,
+    PairItem,
     Results,
     Text,
     TokenIds,
@@ -348,3 +362,70 @@ class Registry:
             self.embed(model, [query], **options), self.embed(model, list(media), **options)
         )
         return media_scores(asked, documents, multivector=Output.MULTIVECTOR in outputs)
+
+    # ---- rerank and classify -------------------------------------------------------------------
+
+    async def rerank(
+        self,
+        model: str,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        raw_scores: bool = False,
+        truncate: bool | None = None,
+        priority: int | None = None,
+        timeout: float | None = None,
+    ) -> Ranking:
+        """Rank `documents` by relevance to `query`, best first; `Ranking.method` says how.
+
+        A cross-encoder applies its activation (sigmoid) unless `raw_scores`; embedding models
+        score by MaxSim, sparse dot product or cosine, which have no activation to skip.
+        """
+        handle = self._handle(model)
+        limits = self.config
+        docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars, top_n)
+        adapter = await self._ensure_loaded(handle)
+        method = rerank_method(adapter.capabilities, model)
+        cut = handle.spec.truncate if truncate is None else truncate
+        if method == CROSS_ENCODER:
+            pairs = [PairItem(query, d, cut) for d in docs]
+            results = await self.run(model, pairs, priority=priority, timeout=timeout)
+            return ranking(docs, pair_scores(results.items, raw_scores), top_n, method, results.tokens)
+        wanted = frozenset({method_output(method)})
+        prompts = adapter.prompts
+        query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut)
+        doc_prompt = prompts.get("document", prompts.get("passage", ""))
+        items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut) for d in docs)]
+        results = await self.run(model, items, priority=priority, timeout=timeout)
+        # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it.
+        scores = embedding_scores(
+            method, results.items[0], results.items[1:], mean_maxsim=adapter.kind == Kind.MULTI_OUTPUT
+        )
+        return ranking(docs, scores, top_n, method, results.tokens)
+
+    async def classify(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        raw_scores: bool = False,
+        truncate: bool | None = None,
+        priority: int | None = None,
+        timeout: float | None = None,
+    ) -> Classification:
+        """Label scores per text (softmax over the labels unless `raw_scores`), best first."""
+        handle = self._handle(model)
+        contents = self._contents(texts)
+        if not all(isinstance(c, Text) for c in contents):
+            raise InvalidInput("classification takes texts, not token ids or media", param="input")
+        adapter = await self._ensure_loaded(handle)
+        if Capability.CLASSIFY not in adapter.capabilities:
+            have = ", ".join(sorted(c.value for c in adapter.capabilities)) or "none"
+            raise UnsupportedOperation(
+                f"the model '{model}' cannot classify; its capabilities are: {have}", param="model"
+            )
+        cut = handle.spec.truncate if truncate is None else truncate
+        items = [ClassifyItem(c.text, cut) for c in contents if isinstance(c, Text)]
+        results = await self.run(model, items, priority=priority, timeout=timeout)
+        return classification(results.items, raw_scores, results.tokens)

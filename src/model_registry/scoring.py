@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from model_registry.types import SparseVector
+
 Array = npt.NDArray[np.float32]
 
 
@@ -24,3 +26,11 @@ def maxsim(query: Array, document: Array) -> float:
     if query.size == 0 or document.size == 0:
         return 0.0
     return float((query @ document.T).max(axis=1).sum())
+
+
+def sparse_dot(query: SparseVector, document: SparseVector) -> float:
+    """Dot product of two sparse vectors given as sorted or unsorted (indices, values)."""
+    common, q_at, d_at = np.intersect1d(query.indices, document.indices, assume_unique=True, return_indices=True)
+    if common.size == 0:
+        return 0.0
+    return float(np.dot(np.asarray(query.values)[q_at], np.asarray(document.values)[d_at]))

@@ -153,7 +153,10 @@ class Embedding:
 
 @dataclass(frozen=True, slots=True)
 class Score:
+    """A relevance score; `logit` is the model's raw output where `value` has an activation applied."""
+
     value: float
+    logit: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from infinity_server.api.common import encode_vector, json_response, parse_body, registry_of, until_disconnected
+from infinity_server.api.common import json_response, parse_body, registry_of, until_disconnected
+from infinity_server.encoding import encode_vectors
 from infinity_server.schemas.openai import EmbeddingRequest
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.types import Embedding, ModelInfo, Results
@@ -60,10 +61,8 @@ async def embeddings(request: Request) -> Response:
     )
     vectors = dense_matrix(results)
     vectors = matryoshka(vectors, body.dimensions, vectors.shape[1])
-    data = [
-        {"object": "embedding", "embedding": encode_vector(row, body.encoding_format), "index": i}
-        for i, row in enumerate(vectors)
-    ]
+    encoded = encode_vectors(list(vectors), body.embedding_type, body.encoding_format)
+    data = [{"object": "embedding", "embedding": row, "index": i} for i, row in enumerate(encoded)]
     usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
     return json_response({"object": "list", "data": data, "model": body.model, "usage": usage})
 

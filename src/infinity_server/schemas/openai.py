@@ -26,6 +26,7 @@ class EmbeddingRequest(BaseModel):
     prompt_name: StrictStr | None = None
     truncate: bool | None = None
     priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+    embedding_type: Literal["float32", "int8", "uint8", "binary", "ubinary"] = "float32"
 
     def inputs(self) -> list[str] | list[list[int]]:
         """The input as a list of texts or a list of token-id lists."""

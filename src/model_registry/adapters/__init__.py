@@ -18,6 +18,11 @@ __all__ = ["Adapter", "LoadOptions", "create_adapter"]
 #: kind -> "module:class"; each class takes (layout, trust_remote_code).
 FACTORIES: dict[Kind, str] = {
     Kind.DENSE: "model_registry.adapters.dense:DenseAdapter",
+    Kind.RERANKER: "model_registry.adapters.sequence:RerankerAdapter",
+    Kind.CLASSIFIER: "model_registry.adapters.sequence:ClassifierAdapter",
+    Kind.SPARSE: "model_registry.adapters.splade:SpladeAdapter",
+    Kind.MULTIVECTOR: "model_registry.adapters.colbert:ColbertAdapter",
+    Kind.MULTI_OUTPUT: "model_registry.adapters.bge_m3:BgeM3Adapter",
     Kind.IMAGE_TEXT: "model_registry.adapters.clip:ClipAdapter",
     Kind.AUDIO_TEXT: "model_registry.adapters.clap:ClapAdapter",
     Kind.PAGE_TEXT: "model_registry.adapters.colpali:ColPaliAdapter",

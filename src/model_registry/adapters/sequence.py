@@ -1,0 +1,226 @@
+"""Sequence classification heads on torch: cross-encoder rerankers and multi-label classifiers.
+
+Both read a `*ForSequenceClassification` directory. A reranker scores (query, document) pairs
+with one logit; a classifier gives one logit per label of `id2label`. Decoder models (Qwen2,
+Llama...) are scored on their last real token found from the attention mask, so neither a missing
+pad token nor a pad token equal to end-of-text changes the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_registry.adapters.base import LoadOptions
+from model_registry.adapters.dense import TextEncoder
+from model_registry.adapters.pooling import pool
+from model_registry.adapters.text import pad
+from model_registry.detect import Layout
+from model_registry.errors import InputTooLong, UnsupportedOperation
+from model_registry.types import Capability, ClassifyItem, Item, Kind, Labels, PairItem, Prepared, Result, Score
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One tokenized sequence (or pair): ids and the segment ids BERT-like models need."""
+
+    ids: tuple[int, ...]
+    type_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SequenceBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None
+
+
+def _activation_name(config: dict[str, Any]) -> str:
+    """sentence-transformers stores a CrossEncoder's activation in config.json; sigmoid is its default."""
+    st = config.get("sentence_transformers") or {}
+    path = st.get("activation_fn") if isinstance(st, dict) else None
+    path = path or config.get("sbert_ce_default_activation_function")
+    return "identity" if isinstance(path, str) and path.endswith("Identity") else "sigmoid"
+
+
+def _sigmoid(value: float) -> float:
+    if value >= 0:
+        return 1.0 / (1.0 + math.exp(-value))
+    exp = math.exp(value)  # no overflow for very negative logits
+    return exp / (1.0 + exp)
+
+
+class SequenceClassifier(TextEncoder):
+    """Shared by the reranker and the classifier: loading, pair tokenizing, padding, the forward."""
+
+    def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
+        super().__init__(layout, trust_remote_code)
+        self.uses_type_ids = False
+        self.decoder = False
+
+    def load(self, options: LoadOptions) -> None:
+        from transformers import AutoModelForSequenceClassification
+
+        self.load_model(options, AutoModelForSequenceClassification)
+        assert self.tokenizer is not None
+        self.uses_type_ids = "token_type_ids" in self.tokenizer.tokenizer.model_input_names
+        self.decoder = not hasattr(self.model, "classifier") and hasattr(self.model, "score")
+
+    def encode_texts(
+        self, first: Sequence[str], second: Sequence[str] | None, truncate: Sequence[bool]
+    ) -> list[Encoded]:
+        """Tokenize texts or pairs; pairs lose tokens from the document, keeping the query whole
+        unless the query alone leaves no room, in which case both sides are cut."""
+        assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
+        hf, limit = self.tokenizer.tokenizer, self.tokenizer.max_length
+        if second is None:
+            encoded = hf(list(first), truncation=True, max_length=limit, return_token_type_ids=True)
+            single = [
+                Encoded(tuple(i), tuple(t))
+                for i, t in zip(encoded["input_ids"], encoded["token_type_ids"], strict=True)
+            ]
+            self._check_lengths(first, None, truncate, list(single))
+            return single
+        unique = sorted(set(first))  # a rerank request repeats one query for every document
+        counted = dict(
+            zip(unique, (len(ids) for ids in hf(unique, add_special_tokens=False)["input_ids"]), strict=True)
+        )
+        query_lengths = [counted[q] for q in first]
+        room = limit - hf.num_special_tokens_to_add(pair=True) - 1
+        out: list[Encoded | None] = [None] * len(first)
+        for strategy in ("only_second", "longest_first"):
+            rows = [i for i, n in enumerate(query_lengths) if (n <= room) == (strategy == "only_second")]
+            if not rows:
+                continue
+            encoded = hf(
+                [first[i] for i in rows],
+                [second[i] for i in rows],
+                truncation=strategy,
+                max_length=limit,
+                return_token_type_ids=True,
+                return_overflowing_tokens=False,
+            )
+            for row, ids, types in zip(rows, encoded["input_ids"], encoded["token_type_ids"], strict=True):
+                out[row] = Encoded(tuple(ids), tuple(types))
+        self._check_lengths(first, second, truncate, out)
+        return [e for e in out if e is not None]
+
+    def _check_lengths(
+        self,
+        first: Sequence[str],
+        second: Sequence[str] | None,
+        truncate: Sequence[bool],
+        out: Sequence[Encoded | None],
+    ) -> None:
+        """With truncation off, an input that was cut is `InputTooLong` naming its index."""
+        assert self.tokenizer is not None
+        limit = self.tokenizer.max_length
+        for i, encoded in enumerate(out):
+            if truncate[i] or encoded is None or len(encoded.ids) < limit:
+                continue
+            pair = (first[i],) if second is None else (first[i], second[i])
+            full = len(self.tokenizer.tokenizer(*pair)["input_ids"])
+            if full > limit:
+                what = (
+                    f"input {i} has {full} tokens"
+                    if second is None
+                    else f"document {i} and the query have {full} tokens"
+                )
+                raise InputTooLong(
+                    f"{what}, more than the model's limit of {limit}; shorten it or allow truncation",
+                    param="input" if second is None else "documents",
+                )
+
+    def collate(self, items: Sequence[Prepared]) -> SequenceBatch:
+        assert self.tokenizer is not None, "This is a bug: collate() called before load()"
+        padded = self.tokenizer.pad([p.data.ids for p in items])
+        types = pad([p.data.type_ids for p in items], 0, left=padded.left).input_ids
+        return SequenceBatch(
+            torch.from_numpy(padded.input_ids).to(self.device),
+            torch.from_numpy(padded.attention_mask).to(self.device),
+            torch.from_numpy(types).to(self.device) if self.uses_type_ids else None,
+        )
+
+    def forward(self, batch: SequenceBatch) -> torch.Tensor:
+        with torch.inference_mode():
+            if self.decoder:
+                base = getattr(self.model, self.model.base_model_prefix)
+                states = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+                last = pool(states, batch.attention_mask, batch.attention_mask, "lasttoken")
+                logits = self.model.score(last.to(self.dtype))
+            else:
+                extra = {} if batch.token_type_ids is None else {"token_type_ids": batch.token_type_ids}
+                logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **extra).logits
+            result: torch.Tensor = logits.float().cpu()
+            return result
+
+
+class RerankerAdapter(SequenceClassifier):
+    """One logit per (query, document) pair; `Score.value` has the model's activation applied."""
+
+    kind = Kind.RERANKER
+    capabilities = frozenset({Capability.RERANK})
+
+    def load(self, options: LoadOptions) -> None:
+        super().load(options)
+        if int(self.model.config.num_labels) != 1:
+            raise UnsupportedOperation(
+                f"a reranker needs one output label, this model has {self.model.config.num_labels}; "
+                "serve it with kind: classifier"
+            )
+        self.activation = _activation_name(self.layout.config)
+
+    def prepare(self, items: Sequence[Item]) -> list[Prepared]:
+        pairs = []
+        for item in items:
+            if not isinstance(item, PairItem):
+                raise UnsupportedOperation(
+                    f"a reranker scores (query, document) pairs; it cannot take {type(item).__name__}"
+                )
+            pairs.append(item)
+        encoded = self.encode_texts([p.query for p in pairs], [p.document for p in pairs], [p.truncate for p in pairs])
+        return [Prepared(i, len(e.ids), len(e.ids), e) for i, e in enumerate(encoded)]
+
+    def postprocess(self, batch: SequenceBatch, output: torch.Tensor) -> list[Result]:
+        results: list[Result] = []
+        for logit in output[:, 0].tolist():
+            value = _sigmoid(logit) if self.activation == "sigmoid" else logit
+            results.append(Score(value, logit=logit))
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return {"activation": self.activation, "decoder": self.decoder}
+
+
+class ClassifierAdapter(SequenceClassifier):
+    """One logit per label; the label names come from the model's `id2label`."""
+
+    kind = Kind.CLASSIFIER
+    capabilities = frozenset({Capability.CLASSIFY})
+
+    def load(self, options: LoadOptions) -> None:
+        super().load(options)
+        mapping = self.model.config.id2label or {}
+        count = int(self.model.config.num_labels)
+        self.labels = tuple(str(mapping.get(i, mapping.get(str(i), f"LABEL_{i}"))) for i in range(count))
+
+    def prepare(self, items: Sequence[Item]) -> list[Prepared]:
+        texts = []
+        for item in items:
+            if not isinstance(item, ClassifyItem):
+                raise UnsupportedOperation(f"a classifier takes texts; it cannot take {type(item).__name__}")
+            texts.append(item)
+        encoded = self.encode_texts([t.text for t in texts], None, [t.truncate for t in texts])
+        return [Prepared(i, len(e.ids), len(e.ids), e) for i, e in enumerate(encoded)]
+
+    def postprocess(self, batch: SequenceBatch, output: torch.Tensor) -> list[Result]:
+        array = np.ascontiguousarray(output.numpy(), dtype=np.float32)
+        return [Labels(row, self.labels) for row in array]
+
+    def describe(self) -> dict[str, Any]:
+        return {"labels": list(self.labels), "decoder": self.decoder}

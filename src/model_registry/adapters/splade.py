@@ -1,0 +1,95 @@
+"""SPLADE sparse embeddings on torch: MaskedLM logits -> log(1 + relu) -> max over real tokens.
+
+Reads a plain `*ForMaskedLM` directory (served with `kind: sparse`) or sentence-transformers'
+SparseEncoder layout (MLMTransformer + SpladePooling, whose `pooling_strategy` may be max or sum).
+Options (the model entry's `options`): `top_k` keeps the k largest weights, `threshold` drops
+weights below it; both apply after pooling, so the kept weights are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_registry.adapters.base import LoadOptions
+from model_registry.adapters.dense import TextBatch, TextEncoder
+from model_registry.adapters.items import embed_item
+from model_registry.detect import Layout, read_json
+from model_registry.errors import ConfigError
+from model_registry.types import Capability, Embedding, Item, Kind, Output, Prepared, Result, SparseVector
+
+_SPARSE = frozenset({Output.SPARSE})
+
+
+def splade_pool(logits: torch.Tensor, mask: torch.Tensor, strategy: str = "max") -> torch.Tensor:
+    """(batch, tokens, vocab) logits -> (batch, vocab) weights, padding excluded."""
+    # In place: the (batch, tokens, vocab) tensor is the largest thing a SPLADE batch holds.
+    weights = logits.float()
+    torch.relu_(weights)
+    torch.log1p_(weights)
+    weights.mul_(mask.unsqueeze(-1).to(torch.float32))
+    return weights.sum(dim=1) if strategy == "sum" else weights.max(dim=1).values
+
+
+def prune(row: np.ndarray, top_k: int | None, threshold: float) -> np.ndarray:
+    """Indices of the kept non-zero weights of `row`, in increasing index order."""
+    kept = np.flatnonzero(row > threshold)
+    if top_k is not None and kept.size > top_k:
+        kept = np.sort(kept[np.argsort(-row[kept], kind="stable")[:top_k]])
+    return kept
+
+
+class SpladeAdapter(TextEncoder):
+    kind = Kind.SPARSE
+    capabilities = frozenset({Capability.SPARSE})
+
+    def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
+        super().__init__(layout, trust_remote_code)
+        options = layout.options
+        self.top_k = int(options["top_k"]) if options.get("top_k") is not None else None
+        self.threshold = float(options.get("threshold", 0.0))
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"options.top_k must be at least 1, got {self.top_k}")
+        pooling = next((read_json(p) for p in sorted(layout.root.glob("*SpladePooling*/config.json"))), {})
+        self.strategy = str(pooling.get("pooling_strategy", "max"))
+        if self.strategy not in ("max", "sum"):
+            raise ConfigError(f"SpladePooling pooling_strategy '{self.strategy}' is not supported; use max or sum")
+
+    def load(self, options: LoadOptions) -> None:
+        from transformers import AutoModelForMaskedLM
+
+        self.load_model(options, AutoModelForMaskedLM)
+        assert self.tokenizer is not None
+        self.dimensions = self.tokenizer.vocab_size
+        self._footprint += options.max_batch_tokens * self.dimensions * 4  # the float32 vocabulary logits
+
+    def prepare(self, items: Sequence[Item]) -> list[Prepared]:
+        embed_items = [embed_item(item, _SPARSE, "a SPLADE model") for item in items]
+        tokens = self.text_tokens(embed_items)
+        return [Prepared(i, len(t.ids), len(t.ids), t) for i, t in enumerate(tokens)]
+
+    def collate(self, items: Sequence[Prepared]) -> TextBatch:
+        return self.text_batch(items)
+
+    def forward(self, batch: TextBatch) -> torch.Tensor:
+        with torch.inference_mode():
+            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            pooled: torch.Tensor = splade_pool(logits, batch.attention_mask, self.strategy).cpu()
+            return pooled
+
+    def postprocess(self, batch: TextBatch, output: torch.Tensor) -> list[Result]:
+        assert self.tokenizer is not None
+        array = output.numpy()
+        results: list[Result] = []
+        for row in array:
+            kept = prune(row, self.top_k, self.threshold)
+            tokens = tuple(self.tokenizer.tokenizer.convert_ids_to_tokens(kept.tolist()))
+            vector = SparseVector(kept.astype(np.int64), row[kept].astype(np.float32), tokens)
+            results.append(Embedding(sparse=vector))
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return {"pooling": self.strategy, "top_k": self.top_k, "threshold": self.threshold}

@@ -1,0 +1,152 @@
+"""Rerank and classify on top of `Registry.run`: which method a model ranks by, and the results.
+
+A cross-encoder scores each (query, document) pair itself. A model without one ranks by its
+embeddings: MaxSim over token vectors when it has them (ColBERT, BGE-M3), else the dot product of
+sparse vectors (SPLADE), else the cosine of dense vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from model_registry.errors import InvalidInput, UnsupportedOperation
+from model_registry.scoring import cosine, maxsim, sparse_dot
+from model_registry.types import Capability, Embedding, Labels, Output, Result, Score
+
+CROSS_ENCODER = "cross-encoder"
+MAXSIM = "maxsim"
+SPARSE_DOT = "sparse-dot"
+COSINE = "cosine"
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """One document's place in a ranking: its position in the request and its score."""
+
+    index: int
+    score: float
+    document: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Documents by decreasing relevance (at most `top_n`), the method used and the tokens read."""
+
+    results: tuple[Ranked, ...]
+    method: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LabelScore:
+    label: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """Per input, every label with its score, best first."""
+
+    results: tuple[tuple[LabelScore, ...], ...]
+    tokens: int
+
+
+def rerank_method(capabilities: frozenset[Capability], name: str) -> str:
+    """How a model with these capabilities ranks documents; `UnsupportedOperation` if it cannot."""
+    if Capability.RERANK in capabilities:
+        return CROSS_ENCODER
+    if Capability.MULTIVECTOR in capabilities:
+        return MAXSIM
+    if Capability.EMBED_TEXT in capabilities:
+        return COSINE
+    if Capability.SPARSE in capabilities:
+        return SPARSE_DOT
+    have = ", ".join(sorted(c.value for c in capabilities)) or "none"
+    raise UnsupportedOperation(f"the model '{name}' cannot rerank; its capabilities are: {have}", param="model")
+
+
+def method_output(method: str) -> Output:
+    return {MAXSIM: Output.MULTIVECTOR, SPARSE_DOT: Output.SPARSE}.get(method, Output.DENSE)
+
+
+def check_rerank_input(
+    query: object, documents: object, limit: int, max_chars: int, top_n: int | None = None
+) -> list[str]:
+    """The documents as strings; an empty query or list, or a non-string document, is `InvalidInput`."""
+    if top_n is not None and top_n < 1:
+        raise InvalidInput(f"top_n must be at least 1, got {top_n}", param="top_n")
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInput("query must be a non-empty string", param="query")
+    if not isinstance(documents, Sequence) or isinstance(documents, str):
+        raise InvalidInput("documents must be a list of strings", param="documents")
+    if not documents:
+        raise InvalidInput("documents must not be empty", param="documents")
+    if len(documents) > limit:
+        raise InvalidInput(
+            f"documents has {len(documents)} items; at most {limit} are accepted per request", param="documents"
+        )
+    for i, document in enumerate(documents):
+        if not isinstance(document, str):
+            raise InvalidInput(f"document {i} must be a string, got {type(document).__name__}", param="documents")
+        if len(document) > max_chars:
+            raise InvalidInput(
+                f"document {i} has {len(document):,} characters; the limit is {max_chars:,}", param="documents"
+            )
+    if len(query) > max_chars:
+        raise InvalidInput(f"query has {len(query):,} characters; the limit is {max_chars:,}", param="query")
+    return list(documents)
+
+
+def pair_scores(results: Sequence[Result], raw_scores: bool) -> list[float]:
+    scores = []
+    for result in results:
+        if not isinstance(result, Score):
+            raise TypeError(f"This is a bug: a cross-encoder returned {type(result).__name__}")
+        scores.append(result.logit if raw_scores and result.logit is not None else result.value)
+    return scores
+
+
+def embedding_scores(method: str, query: Result, documents: Sequence[Result], *, mean_maxsim: bool) -> list[float]:
+    """Scores of each document embedding against the query embedding, by `method`."""
+    if not isinstance(query, Embedding) or not all(isinstance(d, Embedding) for d in documents):
+        raise TypeError("This is a bug: an embedding model returned something else")
+    docs = [d for d in documents if isinstance(d, Embedding)]
+    if method == MAXSIM:
+        assert query.multivector is not None
+        scale = 1.0 / max(len(query.multivector), 1) if mean_maxsim else 1.0
+        return [maxsim(query.multivector, d.multivector) * scale for d in docs if d.multivector is not None]
+    if method == SPARSE_DOT:
+        assert query.sparse is not None
+        return [sparse_dot(query.sparse, d.sparse) for d in docs if d.sparse is not None]
+    assert query.dense is not None
+    matrix = np.stack([d.dense for d in docs if d.dense is not None])
+    return [float(s) for s in cosine(query.dense, matrix)]
+
+
+def ranking(documents: Sequence[str], scores: Sequence[float], top_n: int | None, method: str, tokens: int) -> Ranking:
+    if len(scores) != len(documents):
+        raise TypeError("This is a bug: a score is missing for some documents")
+    order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[: top_n or len(documents)]
+    return Ranking(tuple(Ranked(i, float(scores[i]), documents[i]) for i in order), method, tokens)
+
+
+def classification(results: Sequence[Result], raw_scores: bool, tokens: int) -> Classification:
+    """Softmax over each input's label logits (or the logits themselves), labels best first."""
+    rows = []
+    for result in results:
+        if not isinstance(result, Labels):
+            raise TypeError(f"This is a bug: a classifier returned {type(result).__name__}")
+        logits = np.asarray(result.logits, dtype=np.float64)
+        values = logits if raw_scores else _softmax(logits)
+        ranked = sorted(zip(result.names, values.tolist(), strict=True), key=lambda pair: -pair[1])
+        rows.append(tuple(LabelScore(name, float(value)) for name, value in ranked))
+    return Classification(tuple(rows), tokens)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max())
+    out: np.ndarray = shifted / shifted.sum()
+    return out

@@ -1,0 +1,260 @@
+"""Tiny random models for the text zoo: cross-encoders, classifiers, SPLADE, ColBERT, BGE-M3.
+
+Each is saved the way its real counterpart ships, so the server loads it through its own
+detection and loading code and tests compare against a reference on the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from tests.builders import CORPUS, bpe_tokenizer, wordpiece_tokenizer, write_json
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def tiny_cross_encoder(root: Path, *, labels: int = 1, seed: int = 0, max_length: int = 128) -> Path:
+    """A BertForSequenceClassification with `labels` outputs (1: a reranker; more: a classifier)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    tokenizer = wordpiece_tokenizer(max_length=max_length)
+    names = {i: name for i, name in enumerate(["negative", "neutral", "positive", "other"][:labels])}
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, num_labels=labels, **SMALL)
+    if labels > 1:
+        config.id2label, config.label2id = names, {v: k for k, v in names.items()}
+    model = BertForSequenceClassification(config).eval()
+    torch.nn.init.normal_(model.classifier.weight, std=0.5)  # spread the scores apart
+    model.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+def tiny_xlmr_cross_encoder(root: Path, *, seed: int = 0) -> Path:
+    """An XLMRobertaForSequenceClassification with one label (a multilingual reranker's shape)."""
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    from tests.builders_xlmr import unigram_tokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = unigram_tokenizer()
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=130,
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=1,
+        **SMALL,
+    )
+    XLMRobertaForSequenceClassification(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+def tiny_modernbert_cross_encoder(root: Path, *, seed: int = 0) -> Path:
+    """A ModernBertForSequenceClassification with one label; its tokenizer gives no segment ids."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    torch.manual_seed(seed)
+    tokenizer = wordpiece_tokenizer()
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    config = ModernBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        num_labels=1,
+    )
+    ModernBertForSequenceClassification(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+def tiny_llm_reranker(root: Path, *, seed: int = 0, config_pad: bool = True) -> Path:
+    """A Qwen2ForSequenceClassification with one label, scored on its last token; without
+    `config_pad` its config names no pad token (as many LLM rerankers ship)."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    tokenizer = bpe_tokenizer(padding_side="left")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id if config_pad else None,
+        **SMALL,
+    )
+    Qwen2ForSequenceClassification(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+def tiny_masked_lm(root: Path, *, seed: int = 0, sparse_layout: bool = False) -> Path:
+    """A BertForMaskedLM usable as SPLADE; with `sparse_layout`, in the SparseEncoder layout."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    tokenizer = wordpiece_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL)
+    BertForMaskedLM(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    if sparse_layout:
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_SpladePooling",
+                "type": "sentence_transformers.sparse_encoder.models.SpladePooling",
+            },
+        ]
+        write_json(root / "modules.json", modules)
+        write_json(
+            root / "1_SpladePooling" / "config.json",
+            {"pooling_strategy": "max", "activation_function": "relu", "word_embedding_dimension": len(tokenizer)},
+        )
+        write_json(root / "sentence_bert_config.json", {"max_seq_length": 64, "do_lower_case": False})
+    return root
+
+
+def colbert_tokenizer(max_length: int = 128) -> PreTrainedTokenizerFast:
+    """A WordPiece tokenizer whose vocabulary holds colbert-ai's [unusedN] and PyLate's [Q]/[D] markers."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[Q]", "[D]"]
+    tok.train_from_iterator(CORPUS * 5, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    tok.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=max_length,
+    )
+
+
+def tiny_colbert(root: Path, *, dim: int = 16, query_maxlen: int = 12, doc_maxlen: int = 24, seed: int = 0) -> Path:
+    """A colbert-ai checkpoint: BERT weights under `bert.`, `linear.weight`, and `artifact.metadata`."""
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    tokenizer = colbert_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL)
+    config.architectures = ["HF_ColBERT"]
+    bert = BertModel(config, add_pooling_layer=False).eval()
+    linear = torch.nn.Linear(32, dim, bias=False)
+    state = {f"bert.{k}": v.contiguous() for k, v in bert.state_dict().items()}
+    state["linear.weight"] = linear.weight.detach().contiguous()
+    root.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(root / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    metadata = {
+        "dim": dim,
+        "query_maxlen": query_maxlen,
+        "doc_maxlen": doc_maxlen,
+        "query_token_id": "[unused0]",
+        "doc_token_id": "[unused1]",
+        "mask_punctuation": True,
+        "attend_to_mask_tokens": False,
+        "similarity": "cosine",
+    }
+    (root / "artifact.metadata").write_text(json.dumps(metadata, indent=2))
+    return root
+
+
+def tiny_pylate(root: Path, *, dim: int = 16, query_length: int = 12, document_length: int = 24, seed: int = 0) -> Path:
+    """A PyLate checkpoint: sentence-transformers layout, Transformer + bias-free Dense, ColBERT settings."""
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    tokenizer = colbert_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL)
+    BertModel(config, add_pooling_layer=False).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    linear = torch.nn.Linear(32, dim, bias=False)
+    (root / "1_Dense").mkdir()
+    save_file({"linear.weight": linear.weight.detach().contiguous()}, str(root / "1_Dense" / "model.safetensors"))
+    write_json(
+        root / "1_Dense" / "config.json",
+        {
+            "in_features": 32,
+            "out_features": dim,
+            "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity",
+        },
+    )
+    write_json(
+        root / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+        ],
+    )
+    write_json(root / "sentence_bert_config.json", {"max_seq_length": document_length - 1, "do_lower_case": False})
+    write_json(
+        root / "config_sentence_transformers.json",
+        {
+            "model_type": "ColBERT",
+            "query_prefix": "[Q] ",
+            "document_prefix": "[D] ",
+            "query_length": query_length,
+            "document_length": document_length,
+            "do_query_expansion": True,
+            "attend_to_expansion_tokens": False,
+            "skiplist_words": list("!,.?"),
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "MaxSim",
+        },
+    )
+    return root
+
+
+def tiny_bge_m3(root: Path, *, seed: int = 0) -> Path:
+    """An XLM-RoBERTa encoder with FlagEmbedding's `colbert_linear.pt` and `sparse_linear.pt`."""
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    from tests.builders_xlmr import unigram_tokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = unigram_tokenizer()
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=130,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        **SMALL,
+    )
+    XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    colbert = torch.nn.Linear(32, 32)
+    sparse = torch.nn.Linear(32, 1)
+    torch.nn.init.normal_(sparse.weight, std=0.5)
+    torch.save(colbert.state_dict(), root / "colbert_linear.pt")
+    torch.save(sparse.state_dict(), root / "sparse_linear.pt")
+    return root

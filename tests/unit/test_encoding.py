@@ -1,0 +1,50 @@
+"""Output encodings: the embedding dtypes equal sentence-transformers' `quantize_embeddings`."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from infinity_server.encoding import encode_vectors, quantization_ranges, quantize
+
+
+@pytest.fixture
+def vectors() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal((6, 20)).astype(np.float32)
+    normalised: np.ndarray = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    return normalised
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "uint8", "binary", "ubinary"])
+def test_quantize_equals_sentence_transformers(vectors: np.ndarray, dtype: str) -> None:
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    ranges = quantization_ranges([vectors])
+    expected = quantize_embeddings(vectors, precision=dtype, ranges=ranges)  # type: ignore[arg-type]
+    got = quantize(vectors, dtype, ranges)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_normalised_vectors_get_codes_independent_of_their_request(vectors: np.ndarray) -> None:
+    together = encode_vectors(list(vectors), "int8", "float")
+    alone = [encode_vectors([row], "int8", "float")[0] for row in vectors]
+    assert together == alone
+
+
+def test_large_values_share_one_range_per_request() -> None:
+    rows = [np.array([4.0, -2.0, 0.0], np.float32), np.array([1.0, 0.5, -4.0], np.float32)]
+    codes = encode_vectors(rows, "uint8", "float")
+    assert codes[0][0] >= 254  # the top of the shared range [-4, 4] (floor of float32 arithmetic)
+    assert codes[1][2] == 0
+    assert codes[0][2] in (127, 128)
+
+
+def test_base64_is_little_endian_bytes(vectors: np.ndarray) -> None:
+    (packed,) = encode_vectors([vectors[0]], "ubinary", "base64")
+    assert base64.b64decode(packed) == np.packbits(vectors[0] > 0).tobytes()
+    (floats,) = encode_vectors([vectors], "float32", "base64")
+    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(floats), "<f4").reshape(vectors.shape), vectors)
