@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import gzip
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -26,6 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -156,7 +158,7 @@ async def bulk(url: str, name: str, requests: list[list[str]], clients: int = 4)
     return Run(name, inputs, tokens, elapsed, percentile(latencies, 50) * 1e3, percentile(latencies, 99) * 1e3)
 
 
-async def interactive(url: str, texts: list[str], stop: asyncio.Event | None, limit: int) -> list[float]:
+async def interactive(url: str, texts: list[str], stop: Any, limit: int) -> list[float]:
     latencies = []
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         for text in texts[:limit]:
@@ -168,21 +170,34 @@ async def interactive(url: str, texts: list[str], stop: asyncio.Event | None, li
     return latencies
 
 
+def interactive_process(url: str, texts: list[str], stop: Any, limit: int, results: Any) -> None:
+    """The single-sentence client, in a process of its own: the bulk clients' JSON parsing must not
+    delay its clock."""
+    results.put(asyncio.run(interactive(url, texts, stop, limit)))
+
+
+def interactive_elsewhere(url: str, texts: list[str], limit: int, stop: Any = None) -> tuple[Any, Any]:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=interactive_process, args=(url, texts, stop, limit, results))
+    process.start()
+    return process, results
+
+
 async def mixed_traffic(
     url: str, bulk_requests: list[list[str]], singles: list[str], batch_ms: float
 ) -> dict[str, float]:
-    await interactive(url, singles, None, 10)  # warm
-    idle = await interactive(url, singles, None, 200)
-    stop = asyncio.Event()
-
-    async def saturate() -> None:
-        await bulk(url, "saturating", bulk_requests)
-        stop.set()
-
-    saturating = asyncio.create_task(saturate())
+    process, results = interactive_elsewhere(url, singles, 210)
+    idle = results.get()[10:]  # the first ten warm the client
+    process.join()
+    stop = multiprocessing.get_context("spawn").Event()
+    saturating = asyncio.create_task(bulk(url, "saturating", bulk_requests))
     await asyncio.sleep(1.0)
-    loaded = await interactive(url, singles[200:], stop, 400)
+    process, results = interactive_elsewhere(url, singles[210:], 400, stop)
     await saturating
+    stop.set()
+    loaded = await asyncio.to_thread(results.get)
+    process.join()
     return {
         "idle_p50_ms": percentile(idle, 50) * 1e3,
         "idle_p99_ms": percentile(idle, 99) * 1e3,

@@ -38,7 +38,7 @@ from model_registry.worker import BatchStats, Worker
 
 log = logging.getLogger(__name__)
 
-_CPU_BATCH_TOKENS = 2048
+_CPU_BATCH_TOKENS = 1024
 _GPU_BATCH_TOKENS = 16384
 _DRAIN_POLL = 0.02
 
