@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.adapters.towers import tower_text
 from model_registry.backends import torch as backend
 from model_registry.detect import Layout
-from model_registry.errors import InvalidInput, ModelUnavailable, UnsupportedOperation
+from model_registry.errors import ModelUnavailable
 from model_registry.media import MediaLimits, decode_image, media_of
-from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Modality, Output, Prepared, Result, Text
+from model_registry.types import Capability, Embedding, Item, Kind, Modality, Prepared, Result
 
 
 @dataclass(frozen=True)
@@ -82,19 +83,10 @@ class OpenClipAdapter(Adapter):
                 pixels = self.transform(decode_image(media.data, index, self.limits))
                 prepared.append(Prepared(index, self.patches, 0, pixels, "image"))
                 continue
-            ids = self.tokenizer([self._text(index, item)])[0]
+            ids = self.tokenizer([tower_text(index, item)])[0]
             used = int((ids != 0).sum())
             prepared.append(Prepared(index, self.max_length or used, used, ids, "text"))
         return prepared
-
-    @staticmethod
-    def _text(index: int, item: Item) -> str:
-        assert isinstance(item, EmbedItem), "This is a bug: media_of lets only EmbedItem through"
-        if item.outputs - {Output.DENSE}:
-            raise UnsupportedOperation("this model produces dense vectors only", param="outputs")
-        if not isinstance(item.content, Text):
-            raise InvalidInput(f"input {index}: this model takes text, not token ids", param="input")
-        return item.prompt + item.content.text
 
     def collate(self, items: Sequence[Prepared]) -> ClipBatch:
         stacked = torch.stack([p.data for p in items]).to(self.device)

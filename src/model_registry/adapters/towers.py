@@ -25,6 +25,16 @@ from model_registry.types import Embedding, EmbedItem, Item, Media, Modality, Ou
 TEXT = "text"
 
 
+def tower_text(index: int, item: Item) -> str:
+    """The text of a text-tower item (prompt included); dense output only, no token ids."""
+    assert isinstance(item, EmbedItem), "This is a bug: media_of lets only EmbedItem through"
+    if item.outputs - {Output.DENSE}:
+        raise UnsupportedOperation("this model produces dense vectors only", param="outputs")
+    if not isinstance(item.content, Text):
+        raise InvalidInput(f"input {index}: this model takes text, not token ids", param="input")
+    return item.prompt + item.content.text
+
+
 @dataclass(frozen=True)
 class TowerBatch:
     group: str
@@ -106,22 +116,13 @@ class TwoTowerAdapter(Adapter):
         medias = [media_of(i, item, frozenset({self.modality})) for i, item in enumerate(items)]
         texts = [i for i, m in enumerate(medias) if m is None]
         prepared: dict[int, Prepared] = {}
-        for index, ids in zip(texts, self._tokenize([self._text(i, items[i]) for i in texts]), strict=True):
+        for index, ids in zip(texts, self._tokenize([tower_text(i, items[i]) for i in texts]), strict=True):
             prepared[index] = Prepared(index, len(ids), len(ids), ids, TEXT)
         for index, media in enumerate(medias):
             if media is not None:
                 data, cost = self.prepare_media(media, index)
                 prepared[index] = Prepared(index, cost, 0, data, self.modality.value)
         return [prepared[i] for i in range(len(items))]
-
-    @staticmethod
-    def _text(index: int, item: Item) -> str:
-        assert isinstance(item, EmbedItem), "This is a bug: media_of lets only EmbedItem through"
-        if item.outputs - {Output.DENSE}:
-            raise UnsupportedOperation("this model produces dense vectors only", param="outputs")
-        if not isinstance(item.content, Text):
-            raise InvalidInput(f"input {index}: this model takes text, not token ids", param="input")
-        return item.prompt + item.content.text
 
     def _tokenize(self, texts: list[str]) -> list[tuple[int, ...]]:
         if not texts:
