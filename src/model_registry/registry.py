@@ -259,7 +259,7 @@ class Registry:
                 done = await asyncio.wait_for(future, limit)
             except asyncio.TimeoutError:
                 request.cancel()
-                raise DeadlineExceeded(f"the request did not finish within {limit:.0f}s") from None
+                raise DeadlineExceeded(f"the request did not finish within {limit:g}s") from None
             except asyncio.CancelledError:
                 request.cancel()
                 raise
