@@ -17,19 +17,19 @@ import asyncio
 import gzip
 import json
 import multiprocessing
-import os
 import random
 import signal
-import socket
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from serving import free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "stsbenchmark.tsv.gz"
@@ -91,27 +91,6 @@ def workloads(per_client: int, rng: random.Random) -> dict[str, list[list[str]]]
 
 
 # ---- the server --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    command = [str(REPO / ".venv" / "bin" / "infinity-server"), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_SERVER_LOG_LEVEL": "warning"}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.3)
-    process.kill()
-    raise RuntimeError("the server did not become ready")
 
 
 def batch_seconds(url: str) -> tuple[float, float]:
@@ -306,7 +285,8 @@ def main() -> int:
 
     baseline = Baseline()
     port = free_port()
-    process = start_server(port)
+    workdir = tempfile.TemporaryDirectory()
+    process = start_server({}, Path(workdir.name), port)
     url = f"http://127.0.0.1:{port}"
     server, reference, batch_ms = {}, {}, {}
     try:
@@ -317,6 +297,7 @@ def main() -> int:
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
+        workdir.cleanup()
     print(report(server, reference, traffic))
     if args.json:
         figures = {

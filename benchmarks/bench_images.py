@@ -23,9 +23,7 @@ import base64
 import io
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +33,8 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+
+from serving import free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTO = REPO.parent / "shared" / "data" / "cats_coco_sample.jpg"
@@ -111,38 +111,6 @@ class InProcess:
         return len(items) / (time.perf_counter() - started), (time.process_time() - cpu) / len(items)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(root: Path, workdir: Path, port: int) -> subprocess.Popen[bytes]:
-    config = workdir / "config.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "server": {"host": "127.0.0.1", "port": port, "log_level": "warning", "max_body_bytes": 64 * 2**20},
-                "models": [{"name": "clip", "source": str(root), "pin": True}],
-            }
-        )
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "infinity_server.cli", "serve", "--config", str(config)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-        while time.monotonic() < deadline:
-            try:
-                if client.get("/ready").status_code == 200:
-                    return process
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the server did not become ready")
-
-
 def multipart(batch: list[bytes]) -> dict[str, Any]:
     files = [("file", (f"{i}.jpg", b, "image/jpeg")) for i, b in enumerate(batch)]
     return {"url": "/v1/embeddings/upload", "data": {"model": "clip"}, "files": files}
@@ -182,7 +150,11 @@ def main() -> None:
         root = build_clip(Path(tmp) / "clip")
         items = images(args.images)
         port = free_port()
-        server = start_server(root, Path(tmp), port)
+        config = {
+            "server": {"max_body_bytes": 64 * 2**20},
+            "models": [{"name": "clip", "source": str(root), "pin": True}],
+        }
+        server = start_server(config, Path(tmp), port)
         try:
             report = measure(root, items, f"http://127.0.0.1:{port}", args.rounds, psutil.Process(server.pid))
         finally:

@@ -21,11 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,6 +31,8 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+
+from serving import free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "stsbenchmark.tsv.gz"
@@ -67,31 +65,6 @@ def build_cross_encoder(root: Path) -> Path:
     model.save_pretrained(root)
     AutoTokenizer.from_pretrained(str(source)).save_pretrained(root)
     return root
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(model_dir: Path, port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    config = workdir / "config.yaml"
-    config.write_text(f"models:\n  - name: reranker\n    source: {model_dir}\n    pin: true\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "infinity_server.cli", "serve", "--config", str(config)]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    raise RuntimeError("the server did not become ready")
 
 
 async def over_http(url: str, work: list[tuple[str, list[str]]], clients: int) -> tuple[float, list[list[float]]]:
@@ -208,7 +181,9 @@ def main() -> None:
         model_dir = build_cross_encoder(Path(tmp) / "reranker")
         model = CrossEncoder(str(model_dir), device="cpu")
         port = free_port()
-        server = start_server(model_dir, port, Path(tmp))
+        server = start_server(
+            {"models": [{"name": "reranker", "source": str(model_dir), "pin": True}]}, Path(tmp), port
+        )
         try:
             process = psutil.Process(server.pid)
             result = interleaved(f"http://127.0.0.1:{port}", model, work, args.clients, process, args.rounds)

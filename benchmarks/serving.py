@@ -1,0 +1,47 @@
+"""The server as a benchmark's subprocess: a free loopback port, a configuration file, ready."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(config: dict[str, Any], workdir: Path, port: int, *, timeout: float = 300) -> subprocess.Popen[bytes]:
+    """`infinity-server serve` from this checkout on 127.0.0.1:`port`, once `/ready` answers 200.
+
+    `config` is the YAML file's content (written as JSON, which YAML reads); with no `models` the
+    server serves its bundled default model.
+    """
+    server = {"host": "127.0.0.1", "port": port, "log_level": "warning", **config.get("server", {})}
+    path = workdir / "config.yaml"
+    path.write_text(json.dumps({**config, "server": server}))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "infinity_server.cli", "serve", "--config", str(path)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+        while time.monotonic() < deadline:
+            try:
+                if client.get("/ready").status_code == 200:
+                    return process
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+    process.kill()
+    raise RuntimeError("the server did not become ready")
