@@ -28,13 +28,15 @@ CORPUS = [
 ]
 
 
-def wordpiece_tokenizer(max_length: int = 128) -> PreTrainedTokenizerFast:
-    """A BERT-style WordPiece tokenizer trained on a few sentences."""
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def wordpiece_tokenizer(max_length: int = 128, specials: tuple[str, ...] = BERT_SPECIALS) -> PreTrainedTokenizerFast:
+    """A BERT-style WordPiece tokenizer trained on a few sentences; `specials` take the first ids."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(CORPUS * 5, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
+    tok.train_from_iterator(CORPUS * 5, trainers.WordPieceTrainer(vocab_size=400, special_tokens=list(specials)))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

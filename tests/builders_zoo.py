@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tests.builders import CORPUS, bpe_tokenizer, wordpiece_tokenizer, write_json
+from tests.builders import bpe_tokenizer, wordpiece_tokenizer, write_json
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
@@ -131,27 +130,8 @@ def tiny_masked_lm(root: Path, *, seed: int = 0, sparse_layout: bool = False) ->
 
 def colbert_tokenizer(max_length: int = 128) -> PreTrainedTokenizerFast:
     """A WordPiece tokenizer whose vocabulary holds colbert-ai's [unusedN] and PyLate's [Q]/[D] markers."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[Q]", "[D]"]
-    tok.train_from_iterator(CORPUS * 5, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )
-    tok.decoder = decoders.WordPiece()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_max_length=max_length,
-    )
+    specials = ("[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[Q]", "[D]")
+    return wordpiece_tokenizer(max_length, specials)
 
 
 def tiny_colbert(root: Path, *, dim: int = 16, query_maxlen: int = 12, doc_maxlen: int = 24, seed: int = 0) -> Path:
