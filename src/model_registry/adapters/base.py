@@ -61,7 +61,10 @@ class Adapter(abc.ABC):
 
     @abc.abstractmethod
     def unload(self) -> None:
-        """Drop every reference to weights and buffers so that memory can come back."""
+        """Drop every reference to weights and buffers so that memory can come back.
+
+        The engine collects garbage and returns freed memory to the system (and CUDA's cache)
+        right after, once for every adapter kind."""
 
     @abc.abstractmethod
     def footprint(self) -> int:

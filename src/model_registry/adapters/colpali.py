@@ -67,7 +67,6 @@ class ColPaliAdapter(Adapter):
     def unload(self) -> None:
         self.model = None
         self.processor = None
-        backend.release(self.device)
 
     def footprint(self) -> int:
         return self._footprint

@@ -106,7 +106,6 @@ class TextEncoder(Adapter):
     def unload(self) -> None:
         self.model = None
         self.tokenizer = None
-        backend.release(self.device)
 
     def footprint(self) -> int:
         return self._footprint

@@ -70,7 +70,6 @@ class OpenClipAdapter(Adapter):
 
     def unload(self) -> None:
         self.model = self.transform = self.tokenizer = None
-        backend.release(self.device)
 
     def footprint(self) -> int:
         return self._footprint

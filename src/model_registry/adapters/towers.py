@@ -105,7 +105,6 @@ class TwoTowerAdapter(Adapter):
     def unload(self) -> None:
         self.model = None
         self.tokenizer = None
-        backend.release(self.device)
 
     def footprint(self) -> int:
         return self._footprint

@@ -6,7 +6,6 @@ torch is imported here and in adapters that run on it, never by `import model_re
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import threading
 from typing import Any
@@ -74,11 +73,3 @@ def activation_estimate(config: Any, max_batch_tokens: int, max_length: int | No
     per_token = (6 * hidden + 2 * intermediate) * width
     attention = heads * min(length, max_batch_tokens) * width * 2
     return max_batch_tokens * (per_token + attention)
-
-
-def release(device: str) -> None:
-    """Give freed memory back: collect garbage, then return CUDA's cached blocks."""
-    gc.collect()
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
