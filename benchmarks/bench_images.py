@@ -47,7 +47,7 @@ def build_clip(root: Path) -> Path:
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
     sys.path.insert(0, str(REPO))
-    from tests.builders_media import clip_tokenizer
+    from tests.builders.media import clip_tokenizer
 
     torch.manual_seed(0)
     tokenizer = clip_tokenizer()

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.builders_media import image_bytes, tiny_clap, tiny_clip, wav_bytes
+from tests.builders.media import image_bytes, tiny_clap, tiny_clip, wav_bytes
 from tests.conftest import LiveServer
 from tests.integration.media_setup import data_uri, media_server
 from tests.media_http import file_server

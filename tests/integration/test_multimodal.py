@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.builders_media import image_bytes
+from tests.builders.media import image_bytes
 from tests.conftest import LiveServer
 from tests.integration.media_setup import MIME, build_models, data_uri, media_server
 from tests.media_http import file_server
@@ -303,7 +303,7 @@ def test_images_batched_equal_single(client: httpx.Client, data_dir: Path, model
 
 
 def test_audio_batched_equals_single(client: httpx.Client, data_dir: Path) -> None:
-    from tests.builders_media import wav_bytes
+    from tests.builders.media import wav_bytes
 
     clips = [(data_dir / BEEP).read_bytes(), (data_dir / MEOW).read_bytes(), wav_bytes(0.7, rate=22050, channels=2)]
     batched = vectors(upload(client, "clap", [(f"{i}.wav", c) for i, c in enumerate(clips)]))

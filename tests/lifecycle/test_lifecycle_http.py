@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.builders import tiny_bert
-from tests.builders_lifecycle import budget_for, fake_model
+from tests.builders.lifecycle import budget_for, fake_model
+from tests.builders.text import tiny_bert
 
 pytestmark = pytest.mark.integration
 

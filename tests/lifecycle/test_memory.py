@@ -15,7 +15,7 @@ from model_registry.adapters import LoadOptions
 from model_registry.handles import EventKind
 from model_registry.memory import format_bytes, process_rss, release, weight_bytes, worst_case_items
 from model_registry.sources import resolve_source
-from tests.builders import tiny_bert
+from tests.builders.text import tiny_bert
 from tests.conftest import REPO
 
 MIB = 2**20

@@ -13,7 +13,7 @@ import pytest
 from model_registry import ModelState, ModelUnavailable, Registry, SyncRegistry, UnsupportedOperation
 from model_registry.adapters.fake import fake_vector
 from model_registry.handles import EventKind
-from tests.builders_lifecycle import budget_for, fake_model
+from tests.builders.lifecycle import budget_for, fake_model
 
 T = TypeVar("T")
 

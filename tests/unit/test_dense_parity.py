@@ -10,7 +10,7 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from model_registry import SyncRegistry
-from tests.builders import CORPUS, tiny_bert, tiny_qwen2
+from tests.builders.text import CORPUS, tiny_bert, tiny_qwen2
 
 TEXTS = [*CORPUS, "short", "a somewhat longer sentence with several more words than the others in here"]
 

@@ -11,7 +11,7 @@ from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import ModelSpec
 from model_registry.errors import InvalidInput
 from model_registry.types import EmbedItem, Media, Modality, Text, TokenIds
-from tests.builders_media import image_bytes, tiny_clap, tiny_clip, wav_bytes
+from tests.builders.media import image_bytes, tiny_clap, tiny_clip, wav_bytes
 
 
 def loaded(path: Path) -> Adapter:

@@ -10,7 +10,7 @@ import soundfile
 
 from model_registry.errors import InvalidInput
 from model_registry.media import MediaLimits, decode_audio, decode_image
-from tests.builders_media import image_bytes, wav_bytes
+from tests.builders.media import image_bytes, wav_bytes
 
 
 def test_decodes_the_real_photo(data_dir: Path) -> None:

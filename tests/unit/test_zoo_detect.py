@@ -9,8 +9,8 @@ import pytest
 from model_registry.config import ModelSpec
 from model_registry.detect import detect
 from model_registry.types import Kind
-from tests.builders import tiny_bert
-from tests.builders_zoo import tiny_bge_m3, tiny_colbert, tiny_cross_encoder, tiny_masked_lm, tiny_pylate
+from tests.builders.text import tiny_bert
+from tests.builders.zoo import tiny_bge_m3, tiny_colbert, tiny_cross_encoder, tiny_masked_lm, tiny_pylate
 
 
 def kind_of(path: Path, **spec: object) -> Kind:

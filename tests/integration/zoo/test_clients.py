@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.builders import tiny_bert
-from tests.builders_zoo import tiny_bge_m3, tiny_cross_encoder
+from tests.builders.text import tiny_bert
+from tests.builders.zoo import tiny_bge_m3, tiny_cross_encoder
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,7 @@ def test_openai_client_embeds_with_a_multi_output_model(server: Any) -> None:
 
 
 def test_a_broken_model_does_not_take_down_the_others(serve: Any, zoo: dict[str, Path], tmp_path: Path) -> None:
-    from tests.builders_zoo import tiny_colbert
+    from tests.builders.zoo import tiny_colbert
 
     broken = tiny_colbert(tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(b"not a checkpoint")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.builders_zoo import (
+from tests.builders.zoo import (
     tiny_cross_encoder,
     tiny_llm_reranker,
     tiny_modernbert_cross_encoder,

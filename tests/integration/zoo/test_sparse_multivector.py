@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.builders_zoo import tiny_bge_m3, tiny_colbert, tiny_masked_lm
+from tests.builders.zoo import tiny_bge_m3, tiny_colbert, tiny_masked_lm
 
 pytestmark = pytest.mark.integration
 
@@ -260,7 +260,7 @@ def test_embedding_types_over_http(serve: Any, tmp_path: Path) -> None:
 def test_pylate_checkpoint_matches_sentence_transformers(serve: Any, tmp_path: Path) -> None:
     from sentence_transformers import MultiVectorEncoder
 
-    from tests.builders_zoo import tiny_pylate
+    from tests.builders.zoo import tiny_pylate
 
     directory = tiny_pylate(tmp_path / "pylate")
     reference = MultiVectorEncoder(str(directory), device="cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tests.builders import CORPUS
+from tests.builders.text import CORPUS
 
 
 def unigram_tokenizer(max_length: int = 128) -> PreTrainedTokenizerFast:

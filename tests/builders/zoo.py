@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from tests.builders import bpe_tokenizer, wordpiece_tokenizer, write_json
+from tests.builders.text import bpe_tokenizer, wordpiece_tokenizer, write_json
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
@@ -38,7 +38,7 @@ def tiny_xlmr_cross_encoder(root: Path, *, seed: int = 0) -> Path:
     """An XLMRobertaForSequenceClassification with one label (a multilingual reranker's shape)."""
     from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
 
-    from tests.builders_xlmr import unigram_tokenizer
+    from tests.builders.xlmr import unigram_tokenizer
 
     torch.manual_seed(seed)
     tokenizer = unigram_tokenizer()
@@ -218,7 +218,7 @@ def tiny_bge_m3(root: Path, *, seed: int = 0) -> Path:
     """An XLM-RoBERTa encoder with FlagEmbedding's `colbert_linear.pt` and `sparse_linear.pt`."""
     from transformers import XLMRobertaConfig, XLMRobertaModel
 
-    from tests.builders_xlmr import unigram_tokenizer
+    from tests.builders.xlmr import unigram_tokenizer
 
     torch.manual_seed(seed)
     tokenizer = unigram_tokenizer()

@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tests.builders import CORPUS
+from tests.builders.text import CORPUS
 
 
 def clip_tokenizer(max_length: int = 32) -> PreTrainedTokenizerFast:
@@ -101,7 +101,7 @@ def tiny_clap(root: Path, *, seed: int = 0) -> Path:
     """ClapModel with a 16-bin, 1-second ClapFeatureExtractor at 48 kHz."""
     from transformers import ClapAudioConfig, ClapConfig, ClapFeatureExtractor, ClapModel, ClapTextConfig
 
-    from tests.builders import bpe_tokenizer
+    from tests.builders.text import bpe_tokenizer
 
     torch.manual_seed(seed)
     tokenizer = bpe_tokenizer(max_length=32)
@@ -207,7 +207,7 @@ def tiny_siglip(root: Path, *, seed: int = 0) -> Path:
     """SiglipModel (hidden 32) whose texts are padded to 16 tokens, with a 32 px image processor."""
     from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
 
-    from tests.builders import bpe_tokenizer
+    from tests.builders.text import bpe_tokenizer
 
     torch.manual_seed(seed)
     tokenizer = bpe_tokenizer(max_length=16)
