@@ -1,4 +1,4 @@
-"""`infinity-server serve | models`."""
+"""`infinity-server serve | models | download`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     models = commands.add_parser("models", help="list the configured models and where they come from")
     models.add_argument("--config", help="YAML file with 'models' and 'server'")
+    download = commands.add_parser(
+        "download", help="fetch every configured hub model into the Hugging Face cache, check the others, exit"
+    )
+    download.add_argument("--config", help="YAML file with 'models' and 'server' (env INFINITY_SERVER_CONFIG)")
     return parser
 
 
@@ -65,6 +69,20 @@ def _models(args: argparse.Namespace) -> None:
         print(f"{spec.name}\t{spec.source}\tkind={kind}\tpin={spec.pin}")
 
 
+def _download(args: argparse.Namespace) -> int:
+    """0 when every model is available locally afterwards, 1 when any is not (each one is reported)."""
+    from infinity_server.download import Outcome, describe, download_all
+    from infinity_server.settings import load_settings
+
+    settings = load_settings(args.config)
+    results = download_all(settings.registry.models, report=lambda result: print(describe(result), flush=True))
+    failed = [result.name for result in results if result.outcome is Outcome.FAILED]
+    if failed:
+        print(f"infinity-server: {len(failed)} model(s) could not be fetched: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _run(coroutine: Any) -> None:
     try:
         import uvloop
@@ -79,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             _run(_serve(args))
+        elif args.command == "download":
+            return _download(args)
         else:
             _models(args)
     except ConfigError as error:
