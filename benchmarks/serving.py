@@ -22,18 +22,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(config: dict[str, Any], workdir: Path, port: int, *, timeout: float = 300) -> subprocess.Popen[bytes]:
+def start_server(
+    config: dict[str, Any], workdir: Path, port: int, *, timeout: float = 300, cpus: set[int] | None = None
+) -> subprocess.Popen[bytes]:
     """`infinity-server serve` from this checkout on 127.0.0.1:`port`, once `/ready` answers 200.
 
     `config` is the YAML file's content (written as JSON, which YAML reads); with no `models` the
-    server serves its bundled default model.
+    server serves its bundled default model. `cpus` pins the process to those cores (as a pod's CPU
+    limit would; the torch backend sizes its threads from the affinity).
     """
     server = {"host": "127.0.0.1", "port": port, "log_level": "warning", **config.get("server", {})}
     path = workdir / "config.yaml"
     path.write_text(json.dumps({**config, "server": server}))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "infinity_server.cli", "serve", "--config", str(path)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pin)
     deadline = time.monotonic() + timeout
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
         while time.monotonic() < deadline:
