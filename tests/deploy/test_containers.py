@@ -124,3 +124,17 @@ def test_the_healthcheck_script_answers_for_a_live_server_and_fails_for_none(ser
     nobody = str(free_port())
     down = subprocess.run(script, env={**os.environ, "INFINITY_SERVER_PORT": nobody}, timeout=30, check=False)
     assert down.returncode == 1
+
+
+def test_the_readme_deploy_section_names_files_that_exist() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.partition("\n## Deploy\n")[2].partition("\n## ")[0]
+    commands = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    assert any("docker build -f containers/Dockerfile.cpu" in block for block in commands)
+    assert any("docker build -f containers/Dockerfile.cuda" in block for block in commands)
+    assert any("helm install" in block and "-f deploy/helm/examples/" in block for block in commands)
+    assert any("infinity-server download --config" in block for block in commands)
+    paths = set(re.findall(r"\b((?:containers|deploy)/[\w./-]+)", "\n".join(commands)))
+    assert paths
+    for path in paths:
+        assert (REPO / path.rstrip("/.")).exists(), f"the README's Deploy section names {path}, which does not exist"
