@@ -280,7 +280,7 @@ def test_the_api_keys_secret_holds_the_list_the_server_reads() -> None:
     assert not render(VALUES["defaults"]).of_kind("Secret")
 
 
-def test_the_server_loads_the_rendered_keys_file(tmp_path: Path) -> None:
+def test_the_server_loads_the_rendered_keys_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if "api_keys_file" not in ServerSettings.model_fields:
         pytest.skip("server.api_keys_file (INFINITY_SERVER_API_KEYS_FILE) is not in this branch's settings yet")
     objects = render(VALUES["baked-weights-with-keys"])
@@ -289,10 +289,12 @@ def test_the_server_loads_the_rendered_keys_file(tmp_path: Path) -> None:
     keys.write_text(yaml.safe_dump(entries))
     config = tmp_path / "models.yaml"
     config.write_text(objects.of_kind("ConfigMap")[0]["data"]["models.yaml"])
-    environ = {ENV_PREFIX + "API_KEYS_FILE": str(keys), "INFINITY_OPERATOR_KEY": "operator-secret"}
-    settings = load_settings(config, environ=environ)
+    settings = load_settings(config, environ={ENV_PREFIX + "API_KEYS_FILE": str(keys)})
     assert settings.server.model_dump()["api_keys_file"] == str(keys)
+    # The group's env gives the operator key through key_env; building the app resolves every key.
     assert "INFINITY_OPERATOR_KEY" in env_of(server)
+    monkeypatch.setenv("INFINITY_OPERATOR_KEY", "operator-secret")
+    create_app(settings)
 
 
 @pytest.mark.parametrize(
