@@ -301,7 +301,11 @@ def test_the_server_loads_the_rendered_keys_file(tmp_path: Path, monkeypatch: py
     ("values", "message"),
     [
         ({"groups": []}, "at least one model group"),
-        ({"groups": [{"name": "Embedders", "models": [{"name": "a", "source": "x/a"}]}]}, "must be a DNS label"),
+        ({"groups": [{"name": "Embedders", "models": [{"name": "a", "source": "x/a"}]}]}, "at '/groups/0/name'"),
+        (
+            {"groups": [{"name": "a", "replica": 2, "models": [{"name": "m", "source": "x/m"}]}]},
+            "additional properties 'replica' not allowed",
+        ),
         ({"groups": [{"name": "a", "models": []}]}, "serves at least one model"),
         (
             {"groups": [{"name": "a", "models": [{"name": "m", "source": "x/m"}]}] * 2},
@@ -328,7 +332,7 @@ def test_the_server_loads_the_rendered_keys_file(tmp_path: Path, monkeypatch: py
             },
             "cannot be a metric label selector value",
         ),
-        ({"modelCache": {"mode": "s3"}}, 'modelCache.mode: "s3" is not accepted'),
+        ({"modelCache": {"mode": "s3"}}, "value must be one of 'download', 'pvc', 'baked'"),
     ],
 )
 def test_mistakes_in_the_values_fail_the_render_naming_the_key(values: dict[str, Any], message: str) -> None:
