@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model_registry import Registry
 from model_registry.handles import EventKind, LifecycleEvent
@@ -64,3 +67,30 @@ class Metrics:
             self.queue_depth.labels(info.name).set(info.queue_depth)
             self.loaded.labels(info.name).set(1 if info.state.value == "loaded" else 0)
         return generate_latest(self.registry)
+
+
+class RequestMetrics:
+    """Counts requests by route template and status, and their latency."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), 500
+
+        async def recording(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording)
+        finally:
+            route = scope.get("route")
+            name = getattr(route, "path", "unmatched")
+            self.metrics.requests.labels(name, str(status)).inc()
+            self.metrics.latency.labels(name).observe(time.perf_counter() - started)
