@@ -1,7 +1,7 @@
 """create_app(settings) -> Starlette. The lifespan owns the Registry; middleware are plain ASGI.
 
-Middleware, outermost first (each in its own module): request metrics, body limit,
-authentication and scopes.
+Middleware, outermost first (each in its own module): request metrics, the drain gate
+(graceful shutdown), body limit, authentication and scopes.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from infinity_server.body_limit import BodyLimit
 from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
 from infinity_server.metrics import Metrics, RequestMetrics
 from infinity_server.settings import Settings
+from infinity_server.shutdown import Drain, DrainGate
 from model_registry import Registry
 from model_registry.errors import RegistryError
 
@@ -50,6 +51,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
     metrics = Metrics()
     engine = registry or Registry(settings.registry, on_batch=metrics.on_batch, on_event=metrics.on_event)
     keys = keyring(settings.server)
+    drain = Drain()
+    metrics.in_flight.set_function(lambda: drain.inflight)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -64,6 +67,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
         lifespan=lifespan,
         middleware=[
             Middleware(RequestMetrics, metrics=metrics),
+            Middleware(DrainGate, drain=drain),
             Middleware(BodyLimit, limit=settings.server.max_body_bytes),
             Middleware(Authenticate, keys=keys),
         ],
@@ -78,6 +82,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
     app.state.registry = engine
     app.state.metrics = metrics
     app.state.settings = settings
+    app.state.drain = drain
     return app
 
 

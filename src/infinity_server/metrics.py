@@ -37,6 +37,11 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.in_flight = Gauge(
+            "infinity_requests_in_flight",
+            "HTTP requests being served (probes and scrapes aside)",
+            registry=self.registry,
+        )
         self.queue_depth = Gauge("infinity_queue_depth", "Items waiting", ["model"], registry=self.registry)
         self.loaded = Gauge("infinity_model_loaded", "1 when the model is loaded", ["model"], registry=self.registry)
         self.lifecycle = Counter(
