@@ -1,6 +1,7 @@
 """create_app(settings) -> Starlette. The lifespan owns the Registry; middleware are plain ASGI.
 
-Middleware, outermost first (each in its own module): request metrics, the drain gate
+Middleware, outermost first (each in its own module): request context (id, timing headers,
+stage metrics, spans, access log), request metrics, the drain gate
 (graceful shutdown), body limit, authentication and scopes.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -21,8 +23,10 @@ from infinity_server.auth import Authenticate, keyring
 from infinity_server.body_limit import BodyLimit
 from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
 from infinity_server.metrics import Metrics, RequestMetrics
+from infinity_server.request_context import RequestContext
 from infinity_server.settings import Settings
 from infinity_server.shutdown import Drain, DrainGate
+from infinity_server.tracing import Tracing
 from model_registry import Registry
 from model_registry.errors import RegistryError
 
@@ -46,13 +50,17 @@ ROUTES = [
 ]
 
 
-def create_app(settings: Settings, registry: Registry | None = None) -> Starlette:
-    """The whole server as an ASGI app; `registry` may be given (tests), else built from settings."""
+def create_app(settings: Settings, registry: Registry | None = None, *, tracer_provider: Any = None) -> Starlette:
+    """The whole server as an ASGI app; `registry` may be given (tests), else built from settings.
+
+    Spans go to `tracer_provider` when given, else to the global one when `server.tracing` is on.
+    """
     metrics = Metrics()
     engine = registry or Registry(settings.registry, on_batch=metrics.on_batch, on_event=metrics.on_event)
     keys = keyring(settings.server)
     drain = Drain()
     metrics.in_flight.set_function(lambda: drain.inflight)
+    tracing = Tracing(tracer_provider) if tracer_provider is not None or settings.server.tracing else None
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -66,6 +74,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
         routes=ROUTES,
         lifespan=lifespan,
         middleware=[
+            Middleware(RequestContext, metrics=metrics, tracing=tracing, access_log=settings.server.access_log),
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(DrainGate, drain=drain),
             Middleware(BodyLimit, limit=settings.server.max_body_bytes),

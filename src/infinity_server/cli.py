@@ -39,13 +39,15 @@ async def _serve(args: argparse.Namespace) -> None:
     from hypercorn.config import Config
 
     from infinity_server.app import create_app
+    from infinity_server.logs import configure_logging
     from infinity_server.settings import load_settings
     from infinity_server.shutdown import drain_on
+    from infinity_server.tracing import setup_provider
 
     settings = load_settings(args.config, flags=_flags(args))
-    logging.basicConfig(
-        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.server.log_level, settings.server.log_format)
+    if settings.server.tracing:
+        setup_provider()
     config = Config()
     config.bind = [f"{settings.server.host}:{settings.server.port}"]
     # The drain (infinity_server.shutdown) already waited for requests in flight; what is left

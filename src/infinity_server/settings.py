@@ -65,6 +65,11 @@ class ServerSettings(BaseModel):
     allow_client_priority: bool = False
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+    # One log line per request (id, route, status, key name, stage times).
+    access_log: bool = True
+    # OpenTelemetry spans per request and per engine stage (needs the `tracing` extra).
+    tracing: bool = False
     memory_budget: str | int = "90%"
     request_timeout: float = Field(default=120.0, gt=0)
     max_inputs_per_request: int = Field(default=2048, ge=1)
