@@ -18,6 +18,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infinity_server import openapi
 from infinity_server.api import admin, cohere, encode, infinity, media, native, openai
 from infinity_server.auth import Authenticate, keyring
 from infinity_server.body_limit import BodyLimit
@@ -35,8 +36,9 @@ async def _http_exception(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     codes = {404: "not_found", 405: "method_not_allowed"}
     message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-    status = error.status_code
-    return error_response(status, message.get(status, str(error.detail)), code=codes.get(status, "http_error"))
+    status, headers = error.status_code, dict(error.headers or {})  # 405 carries `Allow`
+    text = message.get(status, str(error.detail))
+    return error_response(status, text, code=codes.get(status, "http_error"), headers=headers)
 
 
 ROUTES = [
@@ -47,6 +49,7 @@ ROUTES = [
     *encode.routes,
     *media.routes,
     *admin.routes,
+    *openapi.routes,
 ]
 
 
