@@ -5,7 +5,7 @@ with `hmac.compare_digest` against every key (no early exit), so the time taken 
 how close a guess was, and any bytes at all (non-ASCII, empty) are just a wrong key: 401.
 
 Scopes: `inference` (every model route), `admin` (load, unload, memory), `metrics` (`/metrics`),
-`priority` (raise a request's priority above the default). `/health`, `/ready`, `/openapi.json`
+`priority` (ask for a priority above 0; any client may ask for 0 or less). `/health`, `/ready`, `/openapi.json`
 and `/docs` are open. With no key configured every caller holds every scope but `admin`.
 
 Admin routes are off unless a key has the `admin` scope or `server.admin_routes` is true; off,
@@ -28,7 +28,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from infinity_server.errors import error_response
+from infinity_server.errors import HTTPError, error_response
 from infinity_server.settings import ApiKeySpec, ServerSettings
 from model_registry.config import format_validation_error
 from model_registry.errors import ConfigError
@@ -181,3 +181,20 @@ class Authenticate:
             return
         state["scopes"], state["key_name"] = scopes, key.name if key else None
         await self.app(scope, receive, send)
+
+
+def check_priority(scope: Scope, priority: int | None, allow_client_priority: bool) -> None:
+    """A client may lower its priority freely; above 0 it needs the `priority` scope (or the setting).
+
+    403 `insufficient_scope` otherwise: a silent clamp would hide why a request was not favoured.
+    """
+    if priority is None or priority <= 0 or allow_client_priority:
+        return
+    if PRIORITY not in scope.get("state", {}).get("scopes", ALL_SCOPES):
+        raise HTTPError(
+            403,
+            f"priority {priority} needs a key with the 'priority' scope (or server.allow_client_priority: true); "
+            "any client may ask for 0 or less",
+            code="insufficient_scope",
+            param="priority",
+        )

@@ -121,3 +121,24 @@ def test_key_in_the_clear_is_not_kept() -> None:
     assert ring.keys[0].digest == hashlib.sha256(b"plain").digest()
     assert ring.match(b"plain") is ring.keys[0]
     assert ring.match(b"plain ") is None
+
+
+def test_raising_priority_needs_the_priority_scope(serve: Any) -> None:
+    keys = [
+        {"name": "search", "key": "s", "scopes": ["inference"]},
+        {"name": "urgent", "key": "u", "scopes": ["inference", "priority"]},
+    ]
+    server = serve({"models": [FAKE]}, api_keys=keys)
+    with server.client() as client:
+        for priority in (-5, 0):
+            lowered = client.post("/v1/embeddings", json={**EMBED, "priority": priority}, headers=bearer("s"))
+            assert lowered.status_code == 200
+        raised = client.post("/v1/embeddings", json={**EMBED, "priority": 5}, headers=bearer("s"))
+        assert raised.status_code == 403
+        assert raised.json()["error"]["param"] == "priority"
+        assert client.post("/rerank", json={"model": "fake", "query": "q", "documents": ["d"], "priority": 1},
+                           headers=bearer("s")).status_code == 403  # fmt: skip
+        assert client.post("/v1/embeddings", json={**EMBED, "priority": 5}, headers=bearer("u")).status_code == 200
+    opened = serve({"models": [FAKE]}, api_keys=keys[:1], allow_client_priority=True)
+    with opened.client() as client:
+        assert client.post("/v1/embeddings", json={**EMBED, "priority": 5}, headers=bearer("s")).status_code == 200
