@@ -78,8 +78,9 @@ class RequestContext:
                     headers["x-request-id"] = rid
                     for name, value in timing_headers(stages, time.perf_counter() - started).items():
                         headers[name] = value
-                    if span is not None and self.tracing is not None:
-                        headers["traceparent"] = self.tracing.traceparent(span)
+                    parent = self.tracing.traceparent(span) if self.tracing is not None else None
+                    if parent is not None:
+                        headers["traceparent"] = parent
                 await send(message)
 
             token = REQUEST_ID.set(rid)
@@ -91,15 +92,14 @@ class RequestContext:
 
     def _finish(self, scope: Scope, stages: list[StageTimes], status: int, span: Any, seconds: float) -> None:
         self.metrics.on_stages(stages)
-        route = getattr(scope.get("route"), "path", None)
         if span is not None and self.tracing is not None:
-            self.tracing.finish(span, stages, status, route, time.time())
+            self.tracing.finish(span, scope, stages, status, time.time())
         if self.access_log:
             fields: dict[str, Any] = {
                 "request_id": scope["state"]["request_id"],
                 "method": scope["method"],
                 "path": scope["path"],
-                "route": route,
+                "route": getattr(scope.get("route"), "path", None),
                 "status": status,
                 "ms": round(seconds * 1000, 3),
                 "key": scope.get("state", {}).get("key_name"),

@@ -53,12 +53,16 @@ class Tracing:
         return self._tracer.start_span(name, context, kind, attributes, start_time=_ns(started))
 
     @staticmethod
-    def traceparent(span: Any) -> str:
+    def traceparent(span: Any) -> str | None:
+        """The span's W3C `traceparent`; None for a span that records nothing (no SDK installed)."""
         context = span.get_span_context()
+        if not context.is_valid:
+            return None
         return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
-    def finish(self, span: Any, stages: Sequence[StageTimes], status: int, route: str | None, ended: float) -> None:
-        """Add the engine's stage spans under `span`, then end it."""
+    def finish(self, span: Any, scope: Scope, stages: Sequence[StageTimes], status: int, ended: float) -> None:
+        """Add the engine's stage spans under `span`, name it by its route, then end it."""
+        route = getattr(scope.get("route"), "path", None)
         parent = self._trace.set_span_in_context(span)
         for times in stages:
             common = {"infinity.model": times.model, "infinity.items": times.items, "infinity.tokens": times.tokens}
@@ -77,7 +81,7 @@ class Tracing:
         span.set_attribute("http.response.status_code", status)
         if route is not None:
             span.set_attribute("http.route", route)
-            span.update_name(f"{span.name.split(' ')[0]} {route}")
+            span.update_name(f"{scope['method']} {route}")
         if status >= 500:
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR))
         span.end(end_time=_ns(ended))

@@ -173,3 +173,12 @@ def test_without_traceparent_a_new_trace_starts(traced: tuple[LiveServer, InMemo
     assert root.parent is None
     assert root.context is not None
     assert (f"{root.context.trace_id:032x}", f"{root.context.span_id:016x}") == (trace_id, span_id)
+
+
+def test_tracing_on_without_an_sdk_provider_serves_as_usual(serve: Any) -> None:
+    server = serve({"models": [fake(delay=0)]}, tracing=True)  # spans go to the global no-op provider
+    with server.client() as client:
+        response = embed(client, ["a"])
+    assert response.status_code == 200
+    assert "traceparent" not in response.headers
+    assert "x-inference-time" in response.headers
