@@ -100,6 +100,7 @@ CHECKS = (
 )
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(server: LiveServer, tmp_path: Path) -> None:
     command = [
         *(sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json"),
