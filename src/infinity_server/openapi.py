@@ -13,7 +13,7 @@ import functools
 import importlib.metadata
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Any, Literal
 
@@ -62,41 +62,57 @@ class Operation:
     alternatives: tuple[tuple[int, type[BaseModel]], ...] = ()
 
 
-Op = Operation
+def model_op(
+    method: str, path: str, summary: str, request: type[BaseModel] | None, response: type[BaseModel]
+) -> Operation:
+    """A model route: JSON in (validated by `request`), `response` out, the model errors."""
+    return Operation(method, path, summary, request, response)
+
+
+def form_op(path: str, summary: str, form: type[BaseModel], response: type[BaseModel]) -> Operation:
+    """A multipart/form-data upload route; `form` describes its fields."""
+    return Operation("POST", path, summary, form, response, request_type=_MULTIPART)
+
+
+def admin_op(method: str, path: str, summary: str, response: type[BaseModel]) -> Operation:
+    """An admin route: the `admin` scope, 404 while admin routes are off."""
+    return Operation(method, path, summary, None, response, ADMIN_ERRORS, "admin", "admin")
+
+
+def open_op(
+    path: str, summary: str, response: type[BaseModel] | None, media_type: str = "application/json"
+) -> Operation:
+    """An operations route anyone may call (`GET`)."""
+    return Operation("GET", path, summary, None, response, (), None, "operations", response_type=media_type)
+
+
+_E, _LIST, _IMAGES = out.EmbeddingResponse, out.ModelList, out.ImageRerankResponse
+_READY_503 = ((503, out.Readiness),)  # readiness answers 503 with its own body
+#: One line per route. A route the app serves without a line here fails the tests.
 OPERATIONS: tuple[Operation, ...] = (
-    # OpenAI and Infinity dialects
-    Op("POST", "/v1/embeddings", "Embeddings (OpenAI; text, image or audio)", EmbeddingRequest),
-    Op("POST", "/embeddings", "Embeddings (Infinity's unversioned path)", EmbeddingRequest),
-    Op("GET", "/v1/models", "The configured models and their state", None, out.ModelList, PLAIN_ERRORS),
-    Op("GET", "/models", "The configured models (unversioned path)", None, out.ModelList, PLAIN_ERRORS),
-    Op("POST", "/rerank", "Rerank documents against a query (Infinity)", RerankRequest, out.RerankResponse),
-    Op("POST", "/classify", "Classify texts (Infinity)", ClassifyRequest, out.ClassifyResponse),
-    Op("POST", "/v1/rerank", "Rerank (Cohere v1)", CohereRerankRequest, out.CohereRerankResponse),
-    Op("POST", "/v2/rerank", "Rerank (Cohere v2)", CohereRerankRequest, out.CohereRerankResponse),
-    Op("POST", "/v1/encode", "Dense, sparse and multi-vector output in one call", EncodeRequest, out.EncodeResponse),
-    # Media
-    Op("POST", "/embeddings_image", "Image embeddings from URLs or data URIs (Infinity)", MediaEmbeddingRequest),
-    Op("POST", "/embeddings_audio", "Audio embeddings from URLs or data URIs (Infinity)", MediaEmbeddingRequest),
-    Op("POST", "/v1/embeddings/upload", "Embeddings of uploaded files", out.EmbeddingUpload, request_type=_MULTIPART),
-    Op("POST", "/v1/rerank/images", "Rank images against a text query", MediaRerankRequest, out.ImageRerankResponse),
-    Op("POST", "/v1/rerank/images/upload", "Rank uploaded images", out.ImageRerankUpload, out.ImageRerankResponse,
-       request_type=_MULTIPART),
-    # Admin (off unless a key has the admin scope or server.admin_routes is true: then 404)
-    Op("POST", "/v1/models/{name}/load", "Load a model now", None, out.ModelEntry, ADMIN_ERRORS, "admin",
-       "admin"),
-    Op("POST", "/v1/models/{name}/unload", "Unload a model", None, out.ModelEntry, ADMIN_ERRORS, "admin",
-       "admin"),
-    Op("GET", "/v1/memory", "Memory budget per device and recent lifecycle events", None, out.MemoryResponse,
-       ADMIN_ERRORS, "admin", "admin"),
-    # Operations
-    Op("GET", "/health", "Liveness", None, out.Health, (), None, "operations"),
-    Op("GET", "/ready", "Readiness: pinned models loaded, not draining", None, out.Readiness, (), None,
-       "operations", alternatives=((503, out.Readiness),)),
-    Op("GET", "/metrics", "Prometheus metrics", None, None, PLAIN_ERRORS, "metrics", "operations",
-       response_type=_PROMETHEUS),
-    Op("GET", "/openapi.json", "This document", None, None, (), None, "operations"),
-    Op("GET", "/docs", "Swagger UI for this document", None, None, (), None, "operations", response_type="text/html"),
-)  # fmt: skip
+    model_op("POST", "/v1/embeddings", "Embeddings (OpenAI; text, image or audio)", EmbeddingRequest, _E),
+    model_op("POST", "/embeddings", "Embeddings (Infinity's unversioned path)", EmbeddingRequest, _E),
+    Operation("GET", "/v1/models", "The configured models and their state", None, _LIST, PLAIN_ERRORS),
+    Operation("GET", "/models", "The configured models (unversioned path)", None, _LIST, PLAIN_ERRORS),
+    model_op("POST", "/rerank", "Rerank documents against a query (Infinity)", RerankRequest, out.RerankResponse),
+    model_op("POST", "/classify", "Classify texts (Infinity)", ClassifyRequest, out.ClassifyResponse),
+    model_op("POST", "/v1/rerank", "Rerank (Cohere v1)", CohereRerankRequest, out.CohereRerankResponse),
+    model_op("POST", "/v2/rerank", "Rerank (Cohere v2)", CohereRerankRequest, out.CohereRerankResponse),
+    model_op("POST", "/v1/encode", "Dense, sparse and multi-vector output", EncodeRequest, out.EncodeResponse),
+    model_op("POST", "/embeddings_image", "Image embeddings from URLs or data URIs", MediaEmbeddingRequest, _E),
+    model_op("POST", "/embeddings_audio", "Audio embeddings from URLs or data URIs", MediaEmbeddingRequest, _E),
+    form_op("/v1/embeddings/upload", "Embeddings of uploaded files", out.EmbeddingUpload, _E),
+    model_op("POST", "/v1/rerank/images", "Rank images against a query", MediaRerankRequest, _IMAGES),
+    form_op("/v1/rerank/images/upload", "Rank uploaded images", out.ImageRerankUpload, _IMAGES),
+    admin_op("POST", "/v1/models/{name}/load", "Load a model now", out.ModelEntry),
+    admin_op("POST", "/v1/models/{name}/unload", "Unload a model", out.ModelEntry),
+    admin_op("GET", "/v1/memory", "Memory budget per device and recent lifecycle events", out.MemoryResponse),
+    open_op("/health", "Liveness", out.Health),
+    replace(open_op("/ready", "Readiness: models loaded, not draining", out.Readiness), alternatives=_READY_503),
+    replace(open_op("/metrics", "Prometheus metrics", None, _PROMETHEUS), errors=PLAIN_ERRORS, scope="metrics"),
+    open_op("/openapi.json", "This document", None),
+    open_op("/docs", "Swagger UI for this document", None, "text/html"),
+)
 
 _MODEL = "all-MiniLM-L6-v2"  # the bundled model, served when no model is configured
 _QUERY = {"model": _MODEL, "query": "what is a vector database", "documents": ["an index of vectors", "a cake"]}
