@@ -39,17 +39,22 @@ def request_id(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
-def timing_headers(stages: Sequence[StageTimes], total: float) -> dict[str, str]:
-    headers = {"x-total-time": f"{total * 1000:.3f}"}
+def timings_ms(stages: Sequence[StageTimes], total: float) -> dict[str, float]:
+    """Milliseconds: `total`, and `tokenization`, `queue`, `inference` when a model ran."""
+    found = {"total": total * 1000}
     if stages:
         sums = {"prepare": 0.0, "queue": 0.0, "forward": 0.0, "postprocess": 0.0}
         for times in stages:
             for stage, seconds in stage_seconds(times).items():
                 sums[stage] += seconds
-        headers["x-tokenization-time"] = f"{sums['prepare'] * 1000:.3f}"
-        headers["x-queue-time"] = f"{sums['queue'] * 1000:.3f}"
-        headers["x-inference-time"] = f"{(sums['forward'] + sums['postprocess']) * 1000:.3f}"
-    return headers
+        found["tokenization"] = sums["prepare"] * 1000
+        found["queue"] = sums["queue"] * 1000
+        found["inference"] = (sums["forward"] + sums["postprocess"]) * 1000
+    return {name: round(value, 3) for name, value in found.items()}
+
+
+def timing_headers(stages: Sequence[StageTimes], total: float) -> dict[str, str]:
+    return {f"x-{name}-time": f"{value:.3f}" for name, value in timings_ms(stages, total).items()}
 
 
 class RequestContext:
@@ -106,6 +111,6 @@ class RequestContext:
             }
             if stages:
                 fields["models"] = sorted({t.model for t in stages})
-                fields["timings_ms"] = {k: float(v) for k, v in timing_headers(stages, seconds).items()}
+                fields["timings_ms"] = timings_ms(stages, seconds)
             level = logging.DEBUG if scope["path"] in _QUIET_PATHS else logging.INFO
             access.log(level, "%s %s %d", scope["method"], scope["path"], status, extra=fields)
