@@ -102,22 +102,26 @@ def test_the_single_api_key_holds_every_scope(serve: Any) -> None:
         assert client.get("/v1/memory", headers=bearer("nope")).status_code == 401
 
 
+def settings(data: dict[str, Any]) -> ServerSettings:
+    return ServerSettings.model_validate(data)
+
+
 def test_key_sources_are_checked_at_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="TEST_MISSING_KEY"):
-        keyring(ServerSettings(api_keys=[{"name": "k", "key_env": "TEST_MISSING_KEY"}]), environ={})  # type: ignore[list-item]
+        keyring(settings({"api_keys": [{"name": "k", "key_env": "TEST_MISSING_KEY"}]}), environ={})
     with pytest.raises(ConfigError, match="exactly one of key, sha256"):
         load_settings(flags={"api_keys": [{"name": "k", "key": "a", "sha256": "0" * 64}]}, environ={})
     with pytest.raises(ConfigError, match="unique"):
-        keyring(ServerSettings(api_key="x", api_keys=[{"name": "api_key", "key": "y"}]), environ={})  # type: ignore[list-item]
+        keyring(settings({"api_key": "x", "api_keys": [{"name": "api_key", "key": "y"}]}), environ={})
     listing = tmp_path / "keys.yaml"
     listing.write_text("name: not-a-list\n")
-    settings = load_settings(environ={"INFINITY_SERVER_API_KEYS_FILE": str(listing)})
+    loaded = load_settings(environ={"INFINITY_SERVER_API_KEYS_FILE": str(listing)})
     with pytest.raises(ConfigError, match="YAML list"):
-        keyring(settings.server, environ={})
+        keyring(loaded.server, environ={})
 
 
 def test_key_in_the_clear_is_not_kept() -> None:
-    ring = keyring(ServerSettings(api_keys=[{"name": "k", "key": "plain"}]), environ={})  # type: ignore[list-item]
+    ring = keyring(settings({"api_keys": [{"name": "k", "key": "plain"}]}), environ={})
     assert ring.keys[0].digest == hashlib.sha256(b"plain").digest()
     assert ring.match(b"plain") is ring.keys[0]
     assert ring.match(b"plain ") is None
