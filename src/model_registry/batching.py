@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from model_registry.errors import DeadlineExceeded, ModelUnavailable, Overloaded
+from model_registry.timing import BatchTimes
 from model_registry.types import Prepared, Result
 
 _sequence = count()
@@ -50,6 +51,8 @@ class Request:
     error: Exception | None = None
     remaining: int = field(init=False)
     cancelled: bool = False
+    # Each batch that ran some of its items, appended by the worker before it delivers them.
+    batches: list[BatchTimes] = field(default_factory=list)
     _finished: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -154,6 +157,11 @@ class BatchQueue:
     def depth(self) -> int:
         """Items waiting (not yet taken into a batch)."""
         return self._count
+
+    @property
+    def pending_cost(self) -> int:
+        """The summed cost (tokens, for text models) of the items waiting."""
+        return self._pending_cost
 
     def close(self) -> list[Request]:
         """Stop accepting work; returns the requests that still had items waiting."""

@@ -41,6 +41,7 @@ from model_registry.ranking import (
     ranking,
     rerank_method,
 )
+from model_registry.timing import StageTimes, report
 from model_registry.types import (
     Capability,
     ClassifyItem,
@@ -152,6 +153,7 @@ class Registry:
             footprint_bytes=handle.footprint if adapter and handle.state == ModelState.LOADED else None,
             last_used=handle.last_used,
             queue_depth=handle.queue.depth if handle.queue else 0,
+            queue_tokens=handle.queue.pending_cost if handle.queue else 0,
             error=handle.error,
             extra=adapter.describe() if adapter and handle.state == ModelState.LOADED else {},
         )
@@ -236,6 +238,7 @@ class Registry:
         handle.inflight += 1
         self._lifecycle.touch(handle)
         try:
+            prepare_start = time.time()
             prepared = await loop.run_in_executor(self._pool, adapter.prepare, items)
             future: asyncio.Future[Request] = loop.create_future()
 
@@ -254,6 +257,7 @@ class Registry:
                 deadline=time.monotonic() + limit,
                 on_done=on_done,
             )
+            enqueued = time.time()
             handle.queue.put(request)
             try:
                 done = await asyncio.wait_for(future, limit)
@@ -268,7 +272,9 @@ class Registry:
             results = tuple(r for r in done.results if r is not None)
             if len(results) != len(items):
                 raise Cancelled("the request was cancelled before all of its items ran")
-            return Results(results, sum(p.tokens for p in prepared))
+            tokens = sum(p.tokens for p in prepared)
+            report(StageTimes(model, len(items), tokens, prepare_start, enqueued, time.time(), tuple(done.batches)))
+            return Results(results, tokens)
         finally:
             handle.inflight -= 1
             self._lifecycle.touch(handle)

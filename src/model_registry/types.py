@@ -191,5 +191,6 @@ class ModelInfo:
     footprint_bytes: int | None = None
     last_used: float | None = None
     queue_depth: int = 0
+    queue_tokens: int = 0  # summed cost of the items waiting (tokens, for text models)
     error: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)

@@ -21,6 +21,7 @@ from typing import Any
 from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
 from model_registry.errors import BatchFailed, ModelUnavailable, RegistryError
+from model_registry.timing import BatchTimes
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class BatchStats:
     tokens: int
     seconds: float
     failed: bool
+    capacity: int = 0  # the queue's max_batch_tokens: cost / capacity is how full the batch was
 
 
 class Worker:
@@ -127,10 +129,11 @@ class Worker:
             self.busy = False
 
     def _run(self, batch: Batch, collated: Any) -> None:
-        started = time.perf_counter()
+        started, forward_start = time.perf_counter(), time.time()
         failed = False
         try:
             output = self.adapter.forward(collated)
+            forward_end = time.time()
             results = self.adapter.postprocess(collated, output)
             if len(results) != len(batch.entries):
                 raise RuntimeError(
@@ -141,13 +144,23 @@ class Worker:
             failed = True
             self._fail(batch, error)
         else:
+            self._stamp(batch, forward_start, forward_end)
             for entry, result in zip(batch.entries, results, strict=True):
                 entry.request.deliver(entry.prepared.index, result)
         seconds = time.perf_counter() - started
         self.batches.record(batch.cost, seconds)
         if self._on_batch is not None:
             tokens = sum(e.prepared.tokens for e in batch.entries)
-            self._on_batch(BatchStats(self.name, len(batch.entries), batch.cost, tokens, seconds, failed))
+            capacity = self.batches.max_batch_tokens
+            self._on_batch(BatchStats(self.name, len(batch.entries), batch.cost, tokens, seconds, failed, capacity))
+
+    def _stamp(self, batch: Batch, forward_start: float, forward_end: float) -> None:
+        """Record the batch's times on each of its requests, before any of them is delivered."""
+        tokens = sum(e.prepared.tokens for e in batch.entries)
+        capacity = self.batches.max_batch_tokens
+        times = BatchTimes(forward_start, forward_end, time.time(), len(batch.entries), batch.cost, tokens, capacity)
+        for request in {id(e.request): e.request for e in batch.entries}.values():
+            request.batches.append(times)
 
     def _fail(self, batch: Batch, error: Exception) -> None:
         if not isinstance(error, RegistryError):

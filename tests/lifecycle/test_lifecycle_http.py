@@ -32,7 +32,7 @@ def lifecycle_events(client: httpx.Client, kind: str) -> list[dict[str, Any]]:
 
 def test_alternating_clients_over_three_models_with_room_for_two(serve: Any) -> None:
     models = [fake_model(n, delay=0.02) for n in "abc"]
-    server = serve({"models": models, "memory_budget": budget_for(2), "room_wait": 30})
+    server = serve({"models": models, "memory_budget": budget_for(2), "room_wait": 30}, admin_routes=True)
     statuses: list[int] = []
 
     def client_loop(offset: int) -> None:
@@ -65,7 +65,7 @@ def test_alternating_clients_over_three_models_with_room_for_two(serve: Any) -> 
 
 
 def test_fifty_concurrent_first_requests_cause_one_load(serve: Any) -> None:
-    server = serve({"models": [fake_model("lazy", load_delay=0.5)]})
+    server = serve({"models": [fake_model("lazy", load_delay=0.5)]}, admin_routes=True)
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
@@ -124,7 +124,7 @@ def test_a_broken_pinned_model_makes_ready_false_but_the_server_serves(serve: An
 
 def test_load_and_unload_routes(serve: Any) -> None:
     models = [fake_model("p", pin=True), fake_model("a"), fake_model("b", mib=100), fake_model("org/c", mib=1)]
-    server = serve({"models": models, "memory_budget": budget_for(2)})
+    server = serve({"models": models, "memory_budget": budget_for(2)}, admin_routes=True)
     with server.client() as client:
         loaded = client.post("/v1/models/a/load")
         assert loaded.status_code == 200, loaded.text

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infinity_server.auth import check_priority
 from infinity_server.errors import HTTPError
 from model_registry import Registry
 from model_registry.errors import Cancelled
@@ -39,7 +40,10 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise HTTPError(422, f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise HTTPError(422, "the request body must be a JSON object", code="invalid_body")
-    return model.model_validate(data)
+    parsed = model.model_validate(data)
+    allowed = request.app.state.settings.server.allow_client_priority
+    check_priority(request.scope, getattr(parsed, "priority", None), allowed)
+    return parsed
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
 
@@ -34,5 +34,5 @@ class MediaRerankRequest(BaseModel):
     query: NonEmpty
     documents: Annotated[list[NonEmpty], Field(min_length=1)]
     top_n: StrictInt | None = Field(default=None, ge=1)
-    return_documents: bool = False
+    return_documents: StrictBool = False
     priority: StrictInt | None = Field(default=None, ge=-100, le=100)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 TokenList = Annotated[list[StrictInt], Field(min_length=1)]
 EmbeddingInput = StrictStr | list[StrictStr] | TokenList | list[TokenList]
@@ -24,7 +24,7 @@ class EmbeddingRequest(BaseModel):
     modality: Literal["text", "image", "audio"] = "text"
     # Extensions.
     prompt_name: StrictStr | None = None
-    truncate: bool | None = None
+    truncate: StrictBool | None = None
     priority: StrictInt | None = Field(default=None, ge=-100, le=100)
     embedding_type: Literal["float32", "int8", "uint8", "binary", "ubinary"] = "float32"
 
