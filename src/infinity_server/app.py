@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity_server.api import admin, cohere, encode, infinity, media, native, openai
+from infinity_server.content_type import JsonContentType
 from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
 from infinity_server.metrics import Metrics
 from infinity_server.settings import Settings
@@ -165,6 +166,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
     app.state.registry = engine
     app.state.metrics = metrics
     app.state.settings = settings
+    app.add_middleware(JsonContentType)
     app.add_middleware(ApiKey, key=settings.server.api_key)
     app.add_middleware(BodyLimit, limit=settings.server.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=metrics)
