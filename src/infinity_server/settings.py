@@ -47,6 +47,9 @@ class ServerSettings(BaseModel):
     media_max_bytes_in_flight: int = Field(default=256 * 2**20, ge=1)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
     max_audio_seconds: float = Field(default=600.0, gt=0)
+    max_image_aspect_ratio: float = Field(default=200.0, ge=1)
+    max_media_expansion: float = Field(default=256.0, ge=1)
+    max_audio_samples: int = Field(default=16_000_000, ge=1)
 
     @field_validator("media_allowed_hosts", mode="before")
     @classmethod
@@ -63,6 +66,9 @@ _REGISTRY_KEYS = (
     "max_input_chars",
     "max_image_pixels",
     "max_audio_seconds",
+    "max_image_aspect_ratio",
+    "max_media_expansion",
+    "max_audio_samples",
 )
 
 

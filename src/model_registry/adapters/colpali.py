@@ -21,7 +21,7 @@ from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.media import MediaLimits, decode_image, media_of
+from model_registry.media import MediaLimits, decode_image, media_of, processing
 from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Modality, Output, Prepared, Result, Text
 
 _CLASSES = {"ColPaliForRetrieval": "ColPaliForRetrieval", "ColQwen2ForRetrieval": "ColQwen2ForRetrieval"}
@@ -56,7 +56,7 @@ class ColPaliAdapter(Adapter):
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
         backend.configure_threads(options.threads)
-        self.limits = MediaLimits(options.max_image_pixels, options.max_audio_seconds)
+        self.limits = MediaLimits.of(options)
         directory = str(self.layout.root)
         self.processor = transformers.AutoProcessor.from_pretrained(directory)  # type: ignore[no-untyped-call]
         model = model_class.from_pretrained(directory, dtype=self.dtype)
@@ -78,7 +78,8 @@ class ColPaliAdapter(Adapter):
             self._check_outputs(item)
             if media is not None:
                 image = decode_image(media.data, index, self.limits)
-                encoded = self.processor.process_images([image], return_tensors="pt")
+                with processing(index, "image"):
+                    encoded = self.processor.process_images([image], return_tensors="pt")
                 group = "image"
             else:
                 encoded = self.processor.process_queries([self._query(index, item)], return_tensors="pt")
