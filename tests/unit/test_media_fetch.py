@@ -382,3 +382,23 @@ def test_bounded_decoder_never_inflates_past_the_limit() -> None:
     with pytest.raises(TooLarge):
         decoder.feed(gzip.compress(b"\0" * 100_000_000))
     assert decoder.produced <= 10_001
+
+
+def test_media_limits_from_the_environment_reach_the_fetcher_and_the_registry() -> None:
+    from infinity_server.settings import load_settings
+    from model_registry.errors import ConfigError
+
+    environ = {
+        "INFINITY_SERVER_MEDIA_MAX_URLS_PER_REQUEST": "5",
+        "INFINITY_SERVER_MEDIA_MAX_BYTES_IN_FLIGHT": "1000000",
+        "INFINITY_SERVER_MAX_IMAGE_ASPECT_RATIO": "50",
+        "INFINITY_SERVER_MAX_AUDIO_SAMPLES": "123456",
+    }
+    settings = load_settings(environ=environ)
+    assert settings.server.media_max_urls_per_request == 5
+    assert settings.server.media_max_bytes_in_flight == 1_000_000
+    assert settings.registry.max_image_aspect_ratio == 50
+    assert settings.registry.max_audio_samples == 123_456
+    assert settings.registry.max_media_expansion == 256  # the default
+    with pytest.raises(ConfigError, match="media_fetch_concurrency"):
+        load_settings(environ={"INFINITY_SERVER_MEDIA_FETCH_CONCURRENCY": "0"})
