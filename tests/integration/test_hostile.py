@@ -239,7 +239,9 @@ def test_a_bare_masked_lm_is_refused_with_a_message_asking_for_its_kind(client: 
 def test_a_non_ascii_bearer_token_is_401(server: ServerProcess) -> None:
     with server.client() as anonymous:
         response = anonymous.post(
-            "/v1/embeddings", json={"model": "minilm", "input": ["x"]}, headers={"Authorization": "Bearer clé".encode()}
+            "/v1/embeddings",
+            json={"model": "minilm", "input": ["x"]},
+            headers={b"Authorization": "Bearer clé".encode()},
         )
         refused(response, 401)
 

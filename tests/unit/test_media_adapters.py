@@ -66,7 +66,7 @@ def test_a_wide_strip_is_cropped_before_the_resize(clip: Adapter) -> None:
     from tests.unit.test_media_decode import smooth_image
 
     buffer = io.BytesIO()
-    smooth_image(6000, 30).save(buffer, format="PNG")  # type: ignore[attr-defined]
+    smooth_image(6000, 30).save(buffer, format="PNG")
     (prepared,) = clip.prepare([EmbedItem(Media(Modality.IMAGE, buffer.getvalue()))])
     assert prepared.data.shape == (3, 32, 32)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from PIL import Image
 
 from model_registry.errors import InvalidInput
 from model_registry.media import MediaLimits, decode_audio, decode_image
@@ -127,7 +128,7 @@ def test_expansion_past_the_ratio_is_refused_but_small_images_always_pass() -> N
     assert decode_image(strip_png(1000, 1000), 0, MediaLimits()).size == (1000, 1000)  # under the floor
 
 
-def smooth_image(width: int, height: int) -> object:
+def smooth_image(width: int, height: int) -> Image.Image:
     from PIL import Image
 
     y, x = np.mgrid[0:height, 0:width]
@@ -144,7 +145,7 @@ def test_crop_before_center_crop_keeps_what_the_processor_keeps(size: tuple[int,
 
     processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     image = smooth_image(*size)
-    cropped = crop_for_center_crop(image, 32, 32, 32)  # type: ignore[arg-type]
+    cropped = crop_for_center_crop(image, 32, 32, 32)
     whole = processor(images=[image], return_tensors="np")["pixel_values"][0]
     part = processor(images=[cropped], return_tensors="np")["pixel_values"][0]
     assert float(np.abs(whole - part).mean()) < 0.03

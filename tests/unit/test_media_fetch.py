@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from infinity_server.media import FetchPolicy, MediaFetcher, refused_reason
+from infinity_server.addresses import refused_reason
+from infinity_server.media import FetchPolicy, MediaFetcher
 from model_registry.errors import InvalidInput
 from model_registry.types import Media, Modality
 
