@@ -1,11 +1,14 @@
 """A loopback HTTP server for media tests: files from a directory, redirects, a slow and a huge route.
 
 `GET /<name>` serves the file; `GET /redirect?to=<url>` answers 302 to `url`;
-`GET /big` streams more bytes than any test limit; `GET /slow/<name>` serves the file after a second.
+`GET /big` streams more bytes than any test limit; `GET /slow/<name>` serves the file after a second;
+`GET /gzip-bomb` answers 64 KiB of gzip (`Content-Encoding: gzip`) that inflate to 64 MiB of zeros.
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import threading
 import time
 import urllib.parse
@@ -16,6 +19,11 @@ from pathlib import Path
 from typing import Any
 
 _TYPES = {".jpg": "image/jpeg", ".png": "image/png", ".wav": "audio/wav"}
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    return gzip.compress(bytes(64 * 2**20), compresslevel=9)
 
 
 def _handler(directory: Path, hits: list[str]) -> type[BaseHTTPRequestHandler]:
@@ -32,6 +40,15 @@ def _handler(directory: Path, hits: list[str]) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Location", target)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if parsed.path == "/gzip-bomb":
+                bomb = gzip_bomb()
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(bomb)))
+                self.end_headers()
+                self.wfile.write(bomb)
                 return
             if parsed.path == "/big":
                 self.send_response(200)

@@ -2,7 +2,7 @@
 
 Middleware, outermost first (each in its own module): request context (id, timing headers,
 stage metrics, spans, access log), request metrics, the drain gate
-(graceful shutdown), body limit, authentication and scopes.
+(graceful shutdown), body limit, authentication and scopes, the JSON content type (415).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from infinity_server import openapi
 from infinity_server.api import admin, cohere, encode, infinity, media, native, openai
 from infinity_server.auth import Authenticate, keyring
 from infinity_server.body_limit import BodyLimit
+from infinity_server.content_type import JsonContentType
 from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
 from infinity_server.metrics import Metrics, RequestMetrics
 from infinity_server.request_context import RequestContext
@@ -82,6 +83,7 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
             Middleware(DrainGate, drain=drain),
             Middleware(BodyLimit, limit=settings.server.max_body_bytes),
             Middleware(Authenticate, keys=keys),
+            Middleware(JsonContentType),
         ],
         exception_handlers={
             HTTPError: handle_exception,

@@ -5,7 +5,13 @@ from a public address: the host is resolved here, every address it resolves to i
 the connection goes to the checked address (with the original Host header and TLS server name),
 so a DNS answer cannot change between the check and the connection. Every redirect is checked the
 same way. Loopback, private, link-local, cloud-metadata, multicast and unspecified addresses are
-refused unless the configuration allows private addresses or names the host in `allowed_hosts`.
+refused unless the configuration allows private addresses or names the host in `allowed_hosts`;
+an IPv6 address that embeds an IPv4 one is judged by what it embeds (`addresses.py`).
+
+Before anything is decoded or fetched, the request's input count and URL count are checked. A
+request fetches at most `concurrency` URLs at once, the server at most `server.media_max_fetches`,
+and the fetched bytes held server-wide are bounded (`media_limits.py`). A compressed response is
+counted as the bytes it decompresses to, as they stream, and stops at the byte limit.
 
 Every failure is an `InvalidInput` naming the input's index: a 400 for the request, nothing more.
 """
@@ -18,15 +24,17 @@ import binascii
 import ipaddress
 import socket
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
 
+from infinity_server.addresses import Address, refused_reason
+from infinity_server.media_limits import ACCEPTED_ENCODINGS, BoundedDecoder, FetchGate, Holding, TooLarge
 from model_registry.errors import InvalidInput
 from model_registry.types import Media, Modality
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 #: host, port -> the addresses it resolves to.
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
@@ -44,6 +52,12 @@ class FetchPolicy:
     max_bytes: int = 16 * 2**20
     timeout: float = 10.0
     max_redirects: int = 3
+    #: URLs (not data URIs) one request may name; checked before anything is fetched.
+    max_urls: int = 64
+    #: URLs of one request fetched at once.
+    concurrency: int = 8
+    #: Inputs one request may hold at all (the registry's `max_inputs_per_request`).
+    max_inputs: int = 2048
 
 
 def _bad(index: int, message: str) -> InvalidInput:
@@ -53,24 +67,6 @@ def _bad(index: int, message: str) -> InvalidInput:
 async def system_resolver(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
-
-
-def refused_reason(address: Address) -> str | None:
-    """Why an address may not be fetched from, or None for a public one."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    checks = (
-        ("loopback", address.is_loopback),
-        ("unspecified", address.is_unspecified),
-        ("link-local (cloud metadata lives there)", address.is_link_local),
-        ("multicast", address.is_multicast),
-        ("private", address.is_private),
-        ("reserved", address.is_reserved),
-    )
-    found = next((name for name, hit in checks if hit), None)
-    if found is None and not address.is_global:
-        found = "non-public"
-    return found
 
 
 def parse_data_uri(value: str, index: int, modality: Modality, limit: int) -> tuple[str, bool]:
@@ -101,28 +97,73 @@ def decode_payload(payload: str, is_base64: bool, index: int, limit: int) -> byt
 
 
 class MediaFetcher:
-    """Turns URLs and data URIs into `Media`, concurrently, within a `FetchPolicy`."""
+    """Turns URLs and data URIs into `Media`, within a `FetchPolicy` and the server's `FetchGate`."""
 
     def __init__(
         self,
         policy: FetchPolicy,
         *,
+        gate: FetchGate | None = None,
         resolver: Resolver = system_resolver,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.policy, self.resolver, self.transport = policy, resolver, transport
+        self.gate = gate or FetchGate(max_fetches=policy.concurrency, max_bytes_in_flight=2**62)
+
+    @asynccontextmanager
+    async def loaded(self, values: Sequence[str], modality: Modality) -> AsyncIterator[list[Media]]:
+        """The inputs as `Media`; the fetched bytes count against the server's budget until exit."""
+        holding = Holding(self.gate)
+        try:
+            yield await self._load_all(values, modality, holding)
+        finally:
+            holding.release()
 
     async def load_all(self, values: Sequence[str], modality: Modality) -> list[Media]:
-        """Every input at once; the first failure (lowest index) is the one reported."""
-        async with self._client() as client:
-            tasks = [self.load(client, value, i, modality) for i, value in enumerate(values)]
-            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        return [o for o in outcomes if isinstance(o, Media)]
+        async with self.loaded(values, modality) as media:
+            return media
 
-    async def load(self, client: httpx.AsyncClient, value: str, index: int, modality: Modality) -> Media:
+    def check_counts(self, values: Sequence[str]) -> None:
+        """Refuse too many inputs or URLs before anything is decoded, resolved or fetched."""
+        if len(values) > self.policy.max_inputs:
+            raise InvalidInput(
+                f"the request holds {len(values):,} inputs, more than the limit of {self.policy.max_inputs:,} "
+                "(max_inputs_per_request); split it into smaller requests",
+                param="input",
+            )
+        urls = sum(1 for v in values if isinstance(v, str) and not v.lstrip()[:5].lower().startswith("data:"))
+        if urls > self.policy.max_urls:
+            raise InvalidInput(
+                f"the request names {urls:,} URLs, more than the limit of {self.policy.max_urls:,} per request "
+                "(server.media_max_urls_per_request); send fewer URLs per request, or data URIs",
+                param="input",
+            )
+
+    async def _load_all(self, values: Sequence[str], modality: Modality, holding: Holding) -> list[Media]:
+        """At most `policy.concurrency` at once; the first failure (lowest index) is reported, the rest cancelled."""
+        self.check_counts(values)
+        own = asyncio.Semaphore(self.policy.concurrency)
+
+        async def one(client: httpx.AsyncClient, index: int, value: str) -> Media:
+            async with own:
+                return await self.load(client, value, index, modality, holding)
+
+        async with self._client() as client:
+            tasks = [asyncio.ensure_future(one(client, i, v)) for i, v in enumerate(values)]
+            try:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+        if failed:
+            raise failed[0]  # type: ignore[misc]
+        return [t.result() for t in tasks]
+
+    async def load(
+        self, client: httpx.AsyncClient, value: str, index: int, modality: Modality, holding: Holding
+    ) -> Media:
         if not isinstance(value, str) or not value.strip():
             raise _bad(index, f"expected a URL or a data URI of {modality.value} data")
         value = value.strip()
@@ -137,17 +178,19 @@ class MediaFetcher:
             return Media(modality, data, source="data-uri")
         if scheme not in ("http", "https"):
             raise _bad(index, f"'{scheme}:' URLs are not fetched; use http(s) URLs or data URIs")
-        try:
-            data = await asyncio.wait_for(self._fetch(client, value, index), self.policy.timeout)
-        except asyncio.TimeoutError:
-            raise _bad(index, f"fetching {value} took longer than {self.policy.timeout:g}s") from None
+        async with self.gate.slots:
+            try:
+                fetching = self._fetch(client, value, index, holding)
+                data = await asyncio.wait_for(fetching, self.policy.timeout)
+            except asyncio.TimeoutError:
+                raise _bad(index, f"fetching {value} took longer than {self.policy.timeout:g}s") from None
         return Media(modality, data, source=value)
 
     def _client(self) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.policy.timeout)
         return httpx.AsyncClient(timeout=timeout, follow_redirects=False, transport=self.transport, trust_env=False)
 
-    async def _fetch(self, client: httpx.AsyncClient, url: str, index: int) -> bytes:
+    async def _fetch(self, client: httpx.AsyncClient, url: str, index: int, holding: Holding) -> bytes:
         current = httpx.URL(url)
         for _ in range(self.policy.max_redirects + 1):
             response = await self._send(client, current, index)
@@ -157,7 +200,7 @@ class MediaFetcher:
                     continue
                 if response.status_code != 200:
                     raise _bad(index, f"fetching {current} answered HTTP {response.status_code}")
-                return await self._read(response, current, index)
+                return await self._read(response, current, index, holding)
             finally:
                 await response.aclose()
         raise _bad(index, f"fetching {url} took more than {self.policy.max_redirects} redirects")
@@ -172,7 +215,7 @@ class MediaFetcher:
         port = url.port or (443 if url.scheme == "https" else 80)
         trusted = self.policy.allow_private or host.lower() in self.policy.allowed_hosts
         addresses = await self._addresses(host, port, index, trusted)
-        headers = {"Host": url.netloc.decode("ascii"), "Accept": "*/*"}
+        headers = {"Host": url.netloc.decode("ascii"), "Accept": "*/*", "Accept-Encoding": ACCEPTED_ENCODINGS}
         extensions = {"sni_hostname": host} if url.scheme == "https" else {}
         failure: httpx.HTTPError | None = None
         for address in addresses:
@@ -204,22 +247,31 @@ class MediaFetcher:
             if reason is not None and not trusted:
                 raise _bad(
                     index,
-                    f"the URL's host '{host}' is a {reason} address ({address}); such addresses are not fetched "
+                    f"the URL's host '{host}' is {address}, a {reason} address; such addresses are not fetched "
                     "unless the server allows them (server.media_allow_private or server.media_allowed_hosts)",
                 )
         return list(dict.fromkeys(str(a) for a in candidates))
 
-    async def _read(self, response: httpx.Response, url: httpx.URL, index: int) -> bytes:
+    async def _read(self, response: httpx.Response, url: httpx.URL, index: int, holding: Holding) -> bytes:
+        """The body, decompressed as it streams; both the wire bytes and the decompressed bytes are limited."""
         limit = self.policy.max_bytes
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise _bad(index, f"{url} is {int(declared):,} bytes, more than the limit of {limit:,}")
-        chunks, seen = [], 0
-        async for chunk in response.aiter_bytes(_CHUNK):
-            seen += len(chunk)
-            if seen > limit:
-                raise _bad(index, f"{url} is more than the limit of {limit:,} bytes")
-            chunks.append(chunk)
-        if not seen:
+        decoder = BoundedDecoder(response.headers.get("content-encoding", ""), limit, index)
+        chunks, wire = [], 0
+        try:
+            async for raw in response.aiter_raw(_CHUNK):
+                wire += len(raw)
+                if wire > limit:
+                    raise TooLarge
+                chunk = decoder.feed(raw)
+                holding.take(len(chunk))
+                chunks.append(chunk)
+        except TooLarge:
+            raise _bad(index, f"{url} is more than the limit of {limit:,} bytes (decompressed)") from None
+        except ValueError as error:
+            raise _bad(index, f"{url}: {error}") from None
+        if not decoder.produced:
             raise _bad(index, f"{url} is empty")
         return b"".join(chunks)

@@ -81,8 +81,15 @@ class ServerSettings(BaseModel):
     media_max_bytes: int = Field(default=16 * 2**20, ge=1)
     media_fetch_timeout: float = Field(default=10.0, gt=0)
     media_max_redirects: int = Field(default=3, ge=0, le=20)
+    media_max_urls_per_request: int = Field(default=64, ge=1)
+    media_fetch_concurrency: int = Field(default=8, ge=1, le=256)
+    media_max_fetches: int = Field(default=32, ge=1, le=4096)
+    media_max_bytes_in_flight: int = Field(default=256 * 2**20, ge=1)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
     max_audio_seconds: float = Field(default=600.0, gt=0)
+    max_image_aspect_ratio: float = Field(default=200.0, ge=1)
+    max_media_expansion: float = Field(default=256.0, ge=1)
+    max_audio_samples: int = Field(default=16_000_000, ge=1)
 
     @field_validator("media_allowed_hosts", mode="before")
     @classmethod
@@ -99,6 +106,9 @@ _REGISTRY_KEYS = (
     "max_input_chars",
     "max_image_pixels",
     "max_audio_seconds",
+    "max_image_aspect_ratio",
+    "max_media_expansion",
+    "max_audio_samples",
 )
 
 

@@ -90,6 +90,9 @@ class RegistryConfig(_Frozen):
     small_request_items: int = Field(default=8, ge=0)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
     max_audio_seconds: float = Field(default=600.0, gt=0)
+    max_image_aspect_ratio: float = Field(default=200.0, ge=1)
+    max_media_expansion: float = Field(default=256.0, ge=1)
+    max_audio_samples: int = Field(default=16_000_000, ge=1)
 
     @field_validator("memory_budget")
     @classmethod

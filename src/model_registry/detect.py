@@ -166,7 +166,18 @@ def _auto_kind(
 ) -> Kind:
     from model_registry.detect_zoo import zoo_kind
 
-    return zoo_kind(root, config, found.get("modules", ())) or _kind_from_architectures(model_type, architectures)
+    kind = zoo_kind(root, config, found.get("modules", ())) or _kind_from_architectures(model_type, architectures)
+    if kind == Kind.DENSE and "Pooling" not in found.get("modules", ()) and _masked_lm_only(architectures):
+        raise ModelUnavailable(
+            f"{root} holds a bare masked-language model ({', '.join(architectures)}) with no pooling configured: "
+            "it may be a SPLADE checkpoint or an encoder that was never trained for embeddings, and the files "
+            "do not say which. Set `kind: sparse` for SPLADE, or `kind: dense` to mean-pool its hidden states."
+        )
+    return kind
+
+
+def _masked_lm_only(architectures: tuple[str, ...]) -> bool:
+    return bool(architectures) and all(a.endswith("ForMaskedLM") for a in architectures)
 
 
 def detect(root: Path, spec: ModelSpec) -> Layout:

@@ -184,6 +184,9 @@ class Lifecycle:
             max_batch_tokens=self._batch_tokens(spec),
             max_image_pixels=self.config.max_image_pixels,
             max_audio_seconds=self.config.max_audio_seconds,
+            max_image_aspect_ratio=self.config.max_image_aspect_ratio,
+            max_media_expansion=self.config.max_media_expansion,
+            max_audio_samples=self.config.max_audio_samples,
         )
         need = handle.footprint or adapter.estimate(options) or 0
         await self._fit(handle, need, real=True)

@@ -7,6 +7,9 @@ upload is a 400 for its request and nothing else. Pillow and soundfile are impor
 from __future__ import annotations
 
 import io
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,22 +34,76 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 DEFAULT_MAX_AUDIO_SECONDS = 600.0
+#: Qwen2-VL's own processor refuses a ratio past 200; no retrieval model sees more.
+DEFAULT_MAX_ASPECT_RATIO = 200.0
+DEFAULT_MAX_EXPANSION = 256.0
+DEFAULT_MAX_AUDIO_SAMPLES = 16_000_000
+#: Any image decoding to at most this many bytes is accepted whatever its compression (about 1.4 MP).
+DECODE_FLOOR = 4 * 2**20
+_RGB = 3
 
 
 @dataclass(frozen=True, slots=True)
 class MediaLimits:
-    """What one decoded input may hold: pixels of an image, seconds of audio."""
+    """What one decoded input may hold, checked from its header before any pixel or sample is decoded.
+
+    - `max_image_pixels`: width x height of an image;
+    - `max_image_aspect_ratio`: its longer side over its shorter side;
+    - `max_media_expansion`: decoded RGB bytes per encoded byte (above `DECODE_FLOOR`), so a few
+      hundred bytes of PNG cannot become a gigabyte of pixels;
+    - `max_audio_seconds`: the declared duration of a clip;
+    - `max_audio_samples`: channels x frames of the part that is decoded (the model's window).
+    """
 
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS
+    max_image_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO
+    max_media_expansion: float = DEFAULT_MAX_EXPANSION
+    max_audio_samples: int = DEFAULT_MAX_AUDIO_SAMPLES
+
+    @classmethod
+    def of(cls, options: Any) -> MediaLimits:
+        """The limits an adapter's `LoadOptions` carry."""
+        return cls(
+            max_image_pixels=options.max_image_pixels,
+            max_audio_seconds=options.max_audio_seconds,
+            max_image_aspect_ratio=options.max_image_aspect_ratio,
+            max_media_expansion=options.max_media_expansion,
+            max_audio_samples=options.max_audio_samples,
+        )
 
 
 def _bad(index: int, what: str) -> InvalidInput:
     return InvalidInput(f"input {index}: {what}", param="input")
 
 
+def check_image_size(width: int, height: int, encoded: int, index: int, limits: MediaLimits) -> None:
+    """Refuse an image by its header: too many pixels, too extreme a shape, or too much expansion."""
+    if width * height > limits.max_image_pixels:
+        raise _bad(
+            index,
+            f"the image is {width}x{height} = {width * height:,} pixels, "
+            f"more than the limit of {limits.max_image_pixels:,}",
+        )
+    if max(width, height) > limits.max_image_aspect_ratio * max(1, min(width, height)):
+        raise _bad(
+            index,
+            f"the image is {width}x{height}, an aspect ratio past the limit of {limits.max_image_aspect_ratio:g}:1 "
+            "(max_image_aspect_ratio); crop it to the region of interest",
+        )
+    decoded = width * height * _RGB
+    allowed = max(limits.max_media_expansion * encoded, DECODE_FLOOR)
+    if decoded > allowed:
+        raise _bad(
+            index,
+            f"the image's {encoded:,} bytes decode to {decoded:,} bytes of pixels, more than "
+            f"{limits.max_media_expansion:g} times its size (max_media_expansion); such compression "
+            "is a decompression bomb, not a picture",
+        )
+
+
 def decode_image(data: bytes, index: int, limits: MediaLimits) -> Image:
-    """RGB image from encoded bytes; the size is checked from the header before any pixel is decoded."""
+    """RGB image from encoded bytes; its size is checked from the header before any pixel is decoded."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
@@ -56,12 +113,7 @@ def decode_image(data: bytes, index: int, limits: MediaLimits) -> Image:
     try:
         image = Image.open(io.BytesIO(data))
         width, height = image.size
-        if width * height > limits.max_image_pixels:
-            raise _bad(
-                index,
-                f"the image is {width}x{height} = {width * height:,} pixels, "
-                f"more than the limit of {limits.max_image_pixels:,}",
-            )
+        check_image_size(width, height, len(data), index, limits)
         image.load()
         return image.convert("RGB")
     except InvalidInput:
@@ -70,12 +122,51 @@ def decode_image(data: bytes, index: int, limits: MediaLimits) -> Image:
         raise _bad(index, "the data is not an image in a supported format (JPEG, PNG, WebP, GIF, BMP...)") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise _bad(index, f"the image was refused as a decompression bomb ({error})") from None
-    except (OSError, ValueError, SyntaxError) as error:
+    except (OSError, ValueError, SyntaxError, EOFError) as error:
         raise _bad(index, f"the image is corrupt or truncated ({error})") from None
 
 
-def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits) -> np.ndarray:
-    """Mono float32 samples at `rate` Hz; the duration is checked from the header, then on the samples."""
+def crop_for_center_crop(image: Image, shortest_edge: int, crop_width: int, crop_height: int) -> Image:
+    """The part of `image` that "resize the shortest edge to `shortest_edge`, then center-crop" keeps.
+
+    Such a processor resizes the whole image first: a 100,000 x 1 strip becomes 3,200,000 x 32
+    floats before the crop throws nearly all of it away. Cropping the centre first, to twice the
+    crop plus a margin for the resampling filter, gives the same pixels to within rounding of the
+    resize (the shortest edge is never cut, so the scale is unchanged) at a bounded cost.
+    """
+    width, height = image.size
+    short = min(width, height)
+    scale = short / shortest_edge  # source pixels per output pixel
+    margin = math.ceil(3 * scale) + 2  # bicubic reaches two output pixels each side; one spare
+    if width >= height:
+        keep = min(width, max(short, math.ceil(2 * crop_width * scale) + 2 * margin))
+        keep += (width - keep) % 2  # same parity: the kept strip is centred exactly
+        left = (width - keep) // 2
+        return image if keep >= width else image.crop((left, 0, left + keep, height))
+    keep = min(height, max(short, math.ceil(2 * crop_height * scale) + 2 * margin))
+    keep += (height - keep) % 2
+    top = (height - keep) // 2
+    return image if keep >= height else image.crop((0, top, width, top + keep))
+
+
+@contextmanager
+def processing(index: int, what: str) -> Iterator[None]:
+    """A model processor's refusal of one input (odd size, bad mode...) as a 400 naming that input."""
+    try:
+        yield
+    except InvalidInput:
+        raise
+    except (ValueError, OSError, ZeroDivisionError, IndexError) as error:
+        raise _bad(index, f"the {what} cannot be processed by the model's processor ({error})") from None
+
+
+def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits, window: int | None = None) -> np.ndarray:
+    """Mono float32 samples at `rate` Hz: the first `window` of them (at `rate`) or the whole clip.
+
+    From the header, before any sample is decoded: the duration against `max_audio_seconds`, and
+    channels x frames to be read against `max_audio_samples`. Only the frames the window needs
+    (plus the resampler's margin) are read and resampled, never the rest of the clip.
+    """
     import soundfile
 
     if not data:
@@ -83,16 +174,21 @@ def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits) -> np.
     check_wav_header(data, index)
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as handle:
-            declared = handle.frames / handle.samplerate if handle.samplerate else 0.0
+            native_rate, channels = handle.samplerate, handle.channels
+            if native_rate <= 0 or channels <= 0:
+                raise _bad(index, f"the audio header declares {channels} channels at {native_rate} Hz")
+            declared = handle.frames / native_rate
             if declared > limits.max_audio_seconds:
                 raise _bad(index, _too_long(declared, limits))
-            native_rate = handle.samplerate
-            # Never trust the header's length: read at most the limit plus one sample.
+            # Never trust the header's length: read at most the limit plus one frame.
             cap = int(limits.max_audio_seconds * native_rate) + 1
+            if window is not None:
+                cap = min(cap, _frames_for(window, rate, native_rate))
+            check_audio_samples(channels, native_rate, min(cap, max(handle.frames, 1)), index, limits)
             samples = handle.read(frames=cap, dtype="float32", always_2d=True)
     except InvalidInput:
         raise
-    except (soundfile.LibsndfileError, RuntimeError, ValueError, OSError) as error:
+    except (soundfile.LibsndfileError, RuntimeError, ValueError, OSError, EOFError) as error:
         raise _bad(index, f"the audio cannot be decoded (WAV, FLAC, OGG and MP3 are supported): {error}") from None
     if samples.shape[0] == 0:
         raise _bad(index, "the audio has no samples")
@@ -101,7 +197,23 @@ def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits) -> np.
     mono = samples.mean(axis=1, dtype=np.float32)
     if not np.isfinite(mono).all():
         raise _bad(index, "the audio holds non-finite samples")
-    return resample(mono, native_rate, rate)
+    out = resample(mono, native_rate, rate)
+    return out if window is None else out[:window]
+
+
+def _frames_for(window: int, rate: int, native_rate: int) -> int:
+    """Native frames that cover `window` samples at `rate`, with a margin for the resampling filter."""
+    needed = math.ceil(window * native_rate / rate)
+    return needed + max(256, needed // 100)
+
+
+def check_audio_samples(channels: int, native_rate: int, frames: int, index: int, limits: MediaLimits) -> None:
+    if channels * frames > limits.max_audio_samples:
+        raise _bad(
+            index,
+            f"the audio would decode to {channels} channels x {frames:,} frames at {native_rate:,} Hz = "
+            f"{channels * frames:,} samples, more than the limit of {limits.max_audio_samples:,} (max_audio_samples)",
+        )
 
 
 _UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # streaming writers leave the size open; that is not a lie

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,18 @@ def test_wrong_modality_and_token_ids_name_the_index(clip: Adapter, clap: Adapte
         clap.prepare([EmbedItem(Media(Modality.IMAGE, image_bytes(8, 8)))])
     with pytest.raises(InvalidInput, match="input 0: this model takes text, not token ids"):
         clip.prepare([EmbedItem(TokenIds((1, 2, 3)))])
+
+
+def test_a_wide_strip_is_cropped_before_the_resize(clip: Adapter) -> None:
+    """A 6000 x 30 image: the processor alone would resize it to 6400 x 32 first; the crop comes first."""
+    from tests.unit.test_media_decode import smooth_image
+
+    buffer = io.BytesIO()
+    smooth_image(6000, 30).save(buffer, format="PNG")
+    (prepared,) = clip.prepare([EmbedItem(Media(Modality.IMAGE, buffer.getvalue()))])
+    assert prepared.data.shape == (3, 32, 32)
+
+
+def test_a_processor_refusal_names_the_input(clip: Adapter) -> None:
+    with pytest.raises(InvalidInput, match="input 1: the image is 900x2, an aspect ratio past"):
+        clip.prepare([EmbedItem(Text("a")), EmbedItem(Media(Modality.IMAGE, image_bytes(900, 2)))])

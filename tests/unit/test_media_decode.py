@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from PIL import Image
 
 from model_registry.errors import InvalidInput
 from model_registry.media import MediaLimits, decode_audio, decode_image
@@ -100,3 +101,69 @@ def test_wav_header_that_claims_less_is_read_as_declared() -> None:
 def test_corrupt_audio_names_the_index() -> None:
     with pytest.raises(InvalidInput, match="input 5: the audio cannot be decoded"):
         decode_audio(b"RIFF\x00\x00\x00\x00WAVEjunk", 5, 16000, MediaLimits())
+
+
+def strip_png(width: int, height: int) -> bytes:
+    """A single-colour strip: a few hundred bytes of PNG, `width` x `height` pixels."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()
+
+
+def test_extreme_aspect_ratio_is_refused_from_the_header() -> None:
+    strip = strip_png(100_000, 1)
+    assert len(strip) < 400
+    with pytest.raises(InvalidInput, match=r"input 2: the image is 100000x1, an aspect ratio past the limit of 200:1"):
+        decode_image(strip, 2, MediaLimits())
+    assert decode_image(strip_png(1000, 5), 0, MediaLimits()).size == (1000, 5)
+
+
+def test_expansion_past_the_ratio_is_refused_but_small_images_always_pass() -> None:
+    flat = strip_png(3000, 3000)  # 27 MB of pixels from a few KB
+    with pytest.raises(InvalidInput, match=r"input 0: the image's [\d,]+ bytes decode to 27,000,000 bytes of pixels"):
+        decode_image(flat, 0, MediaLimits())
+    assert decode_image(flat, 0, MediaLimits(max_media_expansion=100_000)).size == (3000, 3000)
+    assert decode_image(strip_png(1000, 1000), 0, MediaLimits()).size == (1000, 1000)  # under the floor
+
+
+def smooth_image(width: int, height: int) -> Image.Image:
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width]
+    channels = [np.sin(x / 17.0) * 120 + 128, np.cos(y / 11.0) * 120 + 128, np.sin((x + y) / 29.0) * 120 + 128]
+    return Image.fromarray(np.stack(channels, -1).astype(np.uint8))
+
+
+@pytest.mark.parametrize("size", [(400, 20), (20, 400), (1000, 37), (3001, 250), (64, 48)])
+def test_crop_before_center_crop_keeps_what_the_processor_keeps(size: tuple[int, int]) -> None:
+    """The processor's output is the same (to rounding) from the pre-cropped image as from the whole one."""
+    from transformers import CLIPImageProcessor
+
+    from model_registry.media import crop_for_center_crop
+
+    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    image = smooth_image(*size)
+    cropped = crop_for_center_crop(image, 32, 32, 32)
+    whole = processor(images=[image], return_tensors="np")["pixel_values"][0]
+    part = processor(images=[cropped], return_tensors="np")["pixel_values"][0]
+    assert float(np.abs(whole - part).mean()) < 0.03
+    short = min(size)
+    assert max(cropped.size) <= max(short, 2 * short + 2 * (3 * short // 32 + 3) + 1)
+
+
+def test_only_the_window_is_decoded_and_resampled() -> None:
+    clip = wav_bytes(20.0, rate=8000, channels=2)
+    whole = decode_audio(clip, 0, 48000, MediaLimits())
+    window = decode_audio(clip, 0, 48000, MediaLimits(), window=48000)
+    assert len(window) == 48000
+    assert np.allclose(window[:47000], whole[:47000], atol=1e-3)  # the filter's tail differs at the cut only
+
+
+def test_channels_times_frames_are_limited_before_decoding() -> None:
+    many = wav_bytes(1.0, rate=48000, channels=8)  # 384,000 samples
+    with pytest.raises(InvalidInput, match=r"input 1: the audio would decode to 8 channels x 48,000 frames"):
+        decode_audio(many, 1, 48000, MediaLimits(max_audio_samples=100_000))
+    # Only the window counts: a quarter second of eight channels fits.
+    assert len(decode_audio(many, 1, 48000, MediaLimits(max_audio_samples=100_000), window=12000)) == 12000

@@ -10,11 +10,23 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from infinity_server.media import FetchPolicy, MediaFetcher, refused_reason
+from infinity_server.addresses import refused_reason
+from infinity_server.media import FetchPolicy, MediaFetcher
 from model_registry.errors import InvalidInput
 from model_registry.types import Media, Modality
 
 PUBLIC = "93.184.215.14"
+
+
+class Replay(httpx.AsyncByteStream):
+    """The raw (still encoded) bytes of a table's response, streamed as a network answer would be."""
+
+    def __init__(self, source: httpx.Response) -> None:
+        self.source = source
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.source.stream:  # type: ignore[union-attr]
+            yield chunk
 
 
 class Recorder:
@@ -26,7 +38,8 @@ class Recorder:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.seen.append(request)
         key = f"{request.url.host}{request.url.path}"
-        return self.routes.get(key, httpx.Response(404))
+        table = self.routes.get(key, httpx.Response(404))
+        return httpx.Response(table.status_code, headers=table.headers, stream=Replay(table))
 
 
 def fetcher(recorder: Recorder, names: dict[str, list[str]] | None = None, **policy: object) -> MediaFetcher:
@@ -59,6 +72,23 @@ def fetch(f: MediaFetcher, *urls: str) -> list[Media]:
         ("224.0.0.1", "multicast"),
         ("100.64.0.1", "non-public"),
         (PUBLIC, None),
+        # Every IPv6 form that embeds IPv4 is judged by what it embeds.
+        ("::ffff:10.0.0.1", "private"),
+        ("::127.0.0.1", "loopback"),
+        ("::169.254.169.254", "link-local"),
+        ("64:ff9b::7f00:1", "loopback"),
+        ("64:ff9b::a9fe:a9fe", "link-local"),
+        ("64:ff9b:1::7f00:1", "loopback"),
+        ("64:ff9b:1::5db8:d70e", "non-public"),
+        ("2002:7f00:1::", "loopback"),
+        ("2002:a00:1::", "private"),
+        ("2002:a9fe:a9fe::1", "link-local"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"),  # Teredo client 127.0.0.1 (obfuscated)
+        ("2001:0:a00:1::", "private"),  # Teredo server 10.0.0.1
+        ("2001:0:5db8:d70e:8000:0:a2ff:fff1", "private"),  # public server, client 93.0.0.14: Teredo is never public
+        ("::ffff:93.184.215.14", None),
+        ("64:ff9b::5db8:d70e", None),
+        ("2002:5db8:d70e::1", None),
     ],
 )
 def test_refused_reason(address: str, reason: str | None) -> None:
@@ -76,6 +106,11 @@ def test_refused_reason(address: str, reason: str | None) -> None:
         "http://localhost/a.png",
         "http://sneaky.example/a.png",
         "https://[::ffff:127.0.0.1]/a.png",
+        "http://[2002:7f00:1::]/a.png",
+        "http://[64:ff9b::7f00:1]/a.png",
+        "http://[64:ff9b:1::a00:1]/a.png",
+        "http://[::7f00:1]/a.png",
+        "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/a.png",
     ],
 )
 def test_private_targets_are_refused_before_connecting(url: str) -> None:
@@ -185,7 +220,7 @@ def test_next_address_is_tried_when_one_does_not_connect() -> None:
         seen.append(request.url.host)
         if request.url.host == "2606:4700:4700::1111":
             raise httpx.ConnectError("unreachable", request=request)
-        return httpx.Response(200, content=b"v4")
+        return httpx.Response(200, stream=Replay(httpx.Response(200, content=b"v4")))
 
     async def resolver(host: str, port: int) -> list[str]:
         return ["2606:4700:4700::1111", PUBLIC]
@@ -205,7 +240,7 @@ def test_allowed_ipv6_literal_is_fetched_at_that_address() -> None:
 
 def test_a_host_with_one_private_address_among_public_ones_is_refused() -> None:
     recorder = Recorder({})
-    with pytest.raises(InvalidInput, match=r"is a private address \(10\.9\.9\.9\)"):
+    with pytest.raises(InvalidInput, match=r"is 10\.9\.9\.9, a private address"):
         fetch(fetcher(recorder, {"mixed.example": [PUBLIC, "10.9.9.9"]}), "http://mixed.example/a.png")
     assert recorder.seen == []
 
@@ -221,3 +256,150 @@ def test_media_settings_from_the_environment() -> None:
     assert settings.server.media_allowed_hosts == ("images.internal", "10.1.2.3")
     assert settings.registry.max_audio_seconds == 30
     assert settings.server.media_allow_private is False
+
+
+def test_embedded_forms_name_the_ipv4_they_carry() -> None:
+    reason = refused_reason(ipaddress.ip_address("2002:7f00:1::"))
+    assert reason == "loopback (6to4 form of 127.0.0.1)"
+
+
+def test_a_name_resolving_to_a_6to4_loopback_is_refused() -> None:
+    recorder = Recorder({})
+    with pytest.raises(InvalidInput, match="loopback"):
+        fetch(fetcher(recorder, {"six.example": ["2002:7f00:1::"]}), "http://six.example/a.png")
+    assert recorder.seen == []
+
+
+def test_too_many_urls_are_refused_before_any_is_resolved() -> None:
+    recorder, looked_up = Recorder({}), []
+
+    async def resolver(host: str, port: int) -> list[str]:
+        looked_up.append(host)
+        return [PUBLIC]
+
+    policy = FetchPolicy(max_urls=3)
+    f = MediaFetcher(policy, resolver=resolver, transport=httpx.MockTransport(recorder))
+    urls = [f"http://photos.example/{i}.png" for i in range(4)]
+    with pytest.raises(InvalidInput, match="names 4 URLs, more than the limit of 3"):
+        asyncio.run(f.load_all(urls, Modality.IMAGE))
+    # Data URIs do not count as URLs; the input count is limited on its own.
+    assert len(asyncio.run(f.load_all(["data:,x"] * 5, Modality.IMAGE))) == 5
+    with pytest.raises(InvalidInput, match="holds 6 inputs, more than the limit of 5"):
+        asyncio.run(MediaFetcher(FetchPolicy(max_inputs=5)).load_all(["data:,x"] * 6, Modality.IMAGE))
+    assert looked_up == []
+    assert recorder.seen == []
+
+
+def test_concurrent_fetches_are_bounded_per_request_and_per_server() -> None:
+    from infinity_server.media_limits import FetchGate
+
+    active, peak = 0, 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.01)
+        active -= 1
+        return httpx.Response(200, stream=Replay(httpx.Response(200, content=b"ok")))
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return [PUBLIC]
+
+    async def run(per_request: int, server: int) -> int:
+        nonlocal peak
+        peak = 0
+        gate = FetchGate(max_fetches=server, max_bytes_in_flight=2**20)
+        policy = FetchPolicy(concurrency=per_request)
+        f = MediaFetcher(policy, gate=gate, resolver=resolver, transport=httpx.MockTransport(handler))
+        urls = [f"http://photos.example/{i}" for i in range(12)]
+        await asyncio.gather(f.load_all(urls, Modality.IMAGE), f.load_all(urls, Modality.IMAGE))
+        return peak
+
+    assert asyncio.run(run(per_request=3, server=100)) == 6  # two requests of three each
+    assert asyncio.run(run(per_request=8, server=4)) == 4  # the server's slots bind first
+
+
+def test_bytes_held_are_bounded_server_wide_and_released() -> None:
+    from infinity_server.media_limits import FetchGate
+    from model_registry.errors import Overloaded
+
+    recorder = Recorder({f"{PUBLIC}/a.png": httpx.Response(200, content=b"x" * 600)})
+    gate = FetchGate(max_fetches=8, max_bytes_in_flight=1000)
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return [PUBLIC]
+
+    f = MediaFetcher(FetchPolicy(), gate=gate, resolver=resolver, transport=httpx.MockTransport(recorder))
+
+    async def hold_then_try() -> None:
+        async with f.loaded(["http://photos.example/a.png"], Modality.IMAGE):
+            assert gate.held == 600
+            with pytest.raises(Overloaded, match="media_max_bytes_in_flight"):
+                await f.load_all(["http://photos.example/a.png"], Modality.IMAGE)
+        assert gate.held == 0
+        await f.load_all(["http://photos.example/a.png"], Modality.IMAGE)  # room again
+
+    asyncio.run(hold_then_try())
+    assert gate.held == 0
+
+
+def test_compressed_responses_are_limited_by_their_decompressed_size() -> None:
+    import gzip
+    import zlib
+
+    packed = gzip.compress(b"\0" * 50_000_000)  # about 50 KB on the wire
+
+    async def bomb() -> AsyncIterator[bytes]:
+        yield packed
+
+    small = b"image bytes " * 10
+    recorder = Recorder(
+        {
+            f"{PUBLIC}/bomb": httpx.Response(200, content=bomb(), headers={"content-encoding": "gzip"}),
+            f"{PUBLIC}/ok": httpx.Response(200, content=gzip.compress(small), headers={"content-encoding": "gzip"}),
+            f"{PUBLIC}/zlib": httpx.Response(
+                200, content=zlib.compress(small), headers={"content-encoding": "deflate"}
+            ),
+            f"{PUBLIC}/br": httpx.Response(200, content=b"??", headers={"content-encoding": "br"}),
+        }
+    )
+    f = fetcher(recorder, max_bytes=1_000_000)
+    with pytest.raises(InvalidInput, match="more than the limit of 1,000,000 bytes \\(decompressed\\)"):
+        fetch(f, "http://photos.example/bomb")
+    assert fetch(f, "http://photos.example/ok")[0].data == small
+    assert fetch(f, "http://photos.example/zlib")[0].data == small
+    with pytest.raises(InvalidInput, match="Content-Encoding 'br' is not accepted"):
+        fetch(f, "http://photos.example/br")
+    assert recorder.seen[0].headers["accept-encoding"] == "gzip, deflate"
+
+
+def test_bounded_decoder_never_inflates_past_the_limit() -> None:
+    import gzip
+
+    from infinity_server.media_limits import BoundedDecoder, TooLarge
+
+    decoder = BoundedDecoder("gzip", limit=10_000, index=0)
+    with pytest.raises(TooLarge):
+        decoder.feed(gzip.compress(b"\0" * 100_000_000))
+    assert decoder.produced <= 10_001
+
+
+def test_media_limits_from_the_environment_reach_the_fetcher_and_the_registry() -> None:
+    from infinity_server.settings import load_settings
+    from model_registry.errors import ConfigError
+
+    environ = {
+        "INFINITY_SERVER_MEDIA_MAX_URLS_PER_REQUEST": "5",
+        "INFINITY_SERVER_MEDIA_MAX_BYTES_IN_FLIGHT": "1000000",
+        "INFINITY_SERVER_MAX_IMAGE_ASPECT_RATIO": "50",
+        "INFINITY_SERVER_MAX_AUDIO_SAMPLES": "123456",
+    }
+    settings = load_settings(environ=environ)
+    assert settings.server.media_max_urls_per_request == 5
+    assert settings.server.media_max_bytes_in_flight == 1_000_000
+    assert settings.registry.max_image_aspect_ratio == 50
+    assert settings.registry.max_audio_samples == 123_456
+    assert settings.registry.max_media_expansion == 256  # the default
+    with pytest.raises(ConfigError, match="media_fetch_concurrency"):
+        load_settings(environ={"INFINITY_SERVER_MEDIA_FETCH_CONCURRENCY": "0"})

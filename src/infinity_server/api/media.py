@@ -24,6 +24,7 @@ from infinity_server.api.common import encode_vector, json_response, parse_body,
 from infinity_server.api.openai import dense_matrix, matryoshka
 from infinity_server.errors import HTTPError
 from infinity_server.media import FetchPolicy, MediaFetcher
+from infinity_server.media_limits import FetchGate
 from infinity_server.schemas.media import MediaEmbeddingRequest, MediaRerankRequest
 from infinity_server.schemas.openai import EmbeddingRequest
 from infinity_server.settings import ServerSettings
@@ -34,6 +35,7 @@ _MAX_FORM_FIELDS = 64
 
 
 def fetcher_of(request: Request) -> MediaFetcher:
+    """A fetcher for this request, sharing the server's fetch slots and byte budget."""
     server: ServerSettings = request.app.state.settings.server
     policy = FetchPolicy(
         allow_private=server.media_allow_private,
@@ -41,8 +43,14 @@ def fetcher_of(request: Request) -> MediaFetcher:
         max_bytes=server.media_max_bytes,
         timeout=server.media_fetch_timeout,
         max_redirects=server.media_max_redirects,
+        max_urls=server.media_max_urls_per_request,
+        concurrency=server.media_fetch_concurrency,
+        max_inputs=request.app.state.registry.config.max_inputs_per_request,
     )
-    return MediaFetcher(policy)
+    state = request.app.state
+    if getattr(state, "fetch_gate", None) is None:
+        state.fetch_gate = FetchGate(server.media_max_fetches, server.media_max_bytes_in_flight)
+    return MediaFetcher(policy, gate=state.fetch_gate)
 
 
 def _texts(value: Any) -> list[str]:
@@ -70,8 +78,8 @@ async def _embed_urls(
 ) -> Results:
     registry = registry_of(request)
     registry.info(model)  # an unknown model is a 404 before anything is fetched
-    media = await fetcher_of(request).load_all(values, modality)
-    return await until_disconnected(request, registry.embed(model, media, priority=priority))
+    async with fetcher_of(request).loaded(values, modality) as media:
+        return await until_disconnected(request, registry.embed(model, media, priority=priority))
 
 
 async def embed_media(request: Request, body: EmbeddingRequest) -> Response:
@@ -216,9 +224,9 @@ async def rerank_images(request: Request) -> Response:
     body = await parse_body(request, MediaRerankRequest)
     registry = registry_of(request)
     registry.info(body.model)
-    media = await fetcher_of(request).load_all(body.documents, Modality.IMAGE)
-    work = registry.rerank_media(body.model, body.query, media, priority=body.priority)
-    results = await until_disconnected(request, work)
+    async with fetcher_of(request).loaded(body.documents, Modality.IMAGE) as media:
+        work = registry.rerank_media(body.model, body.query, media, priority=body.priority)
+        results = await until_disconnected(request, work)
     return rerank_response(body.model, results, body.top_n, body.documents if body.return_documents else None)
 
 

@@ -38,6 +38,9 @@ class LoadOptions:
     threads: int | None = None
     max_image_pixels: int = 40_000_000
     max_audio_seconds: float = 600.0
+    max_image_aspect_ratio: float = 200.0
+    max_media_expansion: float = 256.0
+    max_audio_samples: int = 16_000_000
 
 
 class Adapter(abc.ABC):

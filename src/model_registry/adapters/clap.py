@@ -5,7 +5,8 @@ extractor's rate, in `prepare`. An audio clip costs its mel frames.
 
 The feature extractor crops audio longer than its window at a random offset (`rand_trunc`, and
 `fusion` mixes random crops); a server must give the same vector for the same file, so clips are
-cut to their first window here, before the extractor sees them.
+cut to their first window here, before the extractor sees them; only that window is decoded
+and resampled (plus the resampler's margin), never the rest of a long clip.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from model_registry.adapters.towers import TwoTowerAdapter, features
 from model_registry.detect import Layout
-from model_registry.media import decode_audio
+from model_registry.media import decode_audio, processing
 from model_registry.types import Capability, Kind, Media, Modality, Prepared
 
 
@@ -47,8 +48,9 @@ class ClapAdapter(TwoTowerAdapter):
 
     def prepare_media(self, media: Media, index: int) -> tuple[Any, int]:
         rate = int(self.extractor.sampling_rate)
-        samples = decode_audio(media.data, index, rate, self.limits)[: self.window]
-        encoded = self.extractor(samples, sampling_rate=rate, return_tensors="np")
+        samples = decode_audio(media.data, index, rate, self.limits, window=self.window)
+        with processing(index, "audio"):
+            encoded = self.extractor(samples, sampling_rate=rate, return_tensors="np")
         inputs = {key: np.ascontiguousarray(encoded[key][0]) for key in ("input_features", "is_longer")}
         return inputs, self.frames
 

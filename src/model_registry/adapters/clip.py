@@ -2,7 +2,9 @@
 
 Images are preprocessed by the model's own image processor (`preprocessor_config.json`), in
 `prepare`, so decoding and resizing run in the worker pool while earlier batches compute.
-An image costs its patch count (plus the class token), a text its tokens.
+An image costs its patch count (plus the class token), a text its tokens. Where the processor
+resizes the shortest edge and then center-crops (CLIP), the image is cropped to that centre
+first, so an extreme aspect ratio never becomes a huge resized array.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from model_registry.adapters.towers import TwoTowerAdapter, features
 from model_registry.detect import Layout
-from model_registry.media import decode_image
+from model_registry.media import crop_for_center_crop, decode_image, processing
 from model_registry.types import Capability, Kind, Media, Modality, Prepared
 
 
@@ -29,6 +31,7 @@ class ClipAdapter(TwoTowerAdapter):
         self.pad_to_max_length = layout.model_type == "siglip"
         self.processor: Any = None
         self.patches = 1
+        self.center_crop: tuple[int, int, int] | None = None
 
     def load_parts(self, directory: str) -> None:
         from transformers import AutoImageProcessor
@@ -37,6 +40,7 @@ class ClipAdapter(TwoTowerAdapter):
         vision = self.model.config.vision_config
         side = int(vision.image_size) // int(vision.patch_size)
         self.patches = side * side + 1
+        self.center_crop = center_crop_of(self.processor)
 
     def unload(self) -> None:
         self.processor = None
@@ -44,7 +48,10 @@ class ClipAdapter(TwoTowerAdapter):
 
     def prepare_media(self, media: Media, index: int) -> tuple[Any, int]:
         image = decode_image(media.data, index, self.limits)
-        pixels = self.processor(images=[image], return_tensors="np")["pixel_values"][0]
+        with processing(index, "image"):
+            if self.center_crop is not None:
+                image = crop_for_center_crop(image, *self.center_crop)
+            pixels = self.processor(images=[image], return_tensors="np")["pixel_values"][0]
         return np.ascontiguousarray(pixels, dtype=np.float32), self.patches
 
     def collate_media(self, items: Sequence[Prepared]) -> dict[str, torch.Tensor]:
@@ -53,3 +60,15 @@ class ClipAdapter(TwoTowerAdapter):
 
     def media_features(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         return features(self.model.get_image_features(**tensors))
+
+
+def center_crop_of(processor: Any) -> tuple[int, int, int] | None:
+    """(shortest edge, crop width, crop height) of a resize-shortest-edge-then-center-crop processor."""
+    size, crop = getattr(processor, "size", None) or {}, getattr(processor, "crop_size", None) or {}
+    edge = size.get("shortest_edge") if hasattr(size, "get") else None
+    width, height = (crop.get("width"), crop.get("height")) if hasattr(crop, "get") else (None, None)
+    if not (getattr(processor, "do_resize", False) and getattr(processor, "do_center_crop", False)):
+        return None
+    if not all(isinstance(v, int) and v > 0 for v in (edge, width, height)):
+        return None
+    return int(edge), int(width), int(height)  # type: ignore[arg-type]

@@ -4,7 +4,9 @@ The model's own processor builds the inputs (the image prompt and its image toke
 prefix and augmentation tokens), one item at a time in `prepare`; `collate` pads them. A page
 costs its sequence length (image tokens included), a query its tokens. Output rows are
 L2-normalised by the model; padding rows are dropped, so MaxSim sees real tokens only. There is
-no single-vector output: a request must ask for `multivector`.
+no single-vector output: a request must ask for `multivector`. A query longer than the model
+takes (`max_length`, else the text model's positions) has its text cut, keeping the processor's
+prefix and augmentation suffix.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.media import MediaLimits, decode_image, media_of
+from model_registry.media import MediaLimits, decode_image, media_of, processing
 from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Modality, Output, Prepared, Result, Text
 
 _CLASSES = {"ColPaliForRetrieval": "ColPaliForRetrieval", "ColQwen2ForRetrieval": "ColQwen2ForRetrieval"}
@@ -46,6 +48,7 @@ class ColPaliAdapter(Adapter):
         self.device = "cpu"
         self.dtype = torch.float32
         self.limits = MediaLimits()
+        self.query_max_length = 512
         self._footprint = 0
 
     def load(self, options: LoadOptions) -> None:
@@ -56,12 +59,14 @@ class ColPaliAdapter(Adapter):
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
         backend.configure_threads(options.threads)
-        self.limits = MediaLimits(options.max_image_pixels, options.max_audio_seconds)
+        self.limits = MediaLimits.of(options)
         directory = str(self.layout.root)
         self.processor = transformers.AutoProcessor.from_pretrained(directory)  # type: ignore[no-untyped-call]
         model = model_class.from_pretrained(directory, dtype=self.dtype)
         self.model = model.to(self.device).eval()
         self.dimensions = int(self.model.config.embedding_dim)
+        # Not `max_length`: the warm-up would then build token-id batches, which this model does not take.
+        self.query_max_length = self._query_limit()
         self._footprint = backend.module_bytes(self.model) * 2
 
     def unload(self) -> None:
@@ -78,15 +83,57 @@ class ColPaliAdapter(Adapter):
             self._check_outputs(item)
             if media is not None:
                 image = decode_image(media.data, index, self.limits)
-                encoded = self.processor.process_images([image], return_tensors="pt")
+                with processing(index, "image"):
+                    encoded = self.processor.process_images([image], return_tensors="pt")
                 group = "image"
             else:
-                encoded = self.processor.process_queries([self._query(index, item)], return_tensors="pt")
+                encoded = self._encode_query(self._query(index, item))
                 group = "text"
             data = {k: encoded[k][0].numpy() for k in encoded if k != "labels"}
             length = int(data["attention_mask"].sum())
             prepared.append(Prepared(index, length, length if group == "text" else 0, data, group))
         return prepared
+
+    def _query_limit(self) -> int:
+        """Tokens a query may take: the configured max_length, the text model's positions, the tokenizer's."""
+        vlm = getattr(self.model.config, "vlm_config", None)
+        text_config = getattr(vlm, "text_config", None) or getattr(self.model.config, "text_config", None)
+        limits = [
+            self.layout.max_length,
+            getattr(text_config, "max_position_embeddings", None),
+            getattr(self.processor.tokenizer, "model_max_length", None),
+        ]
+        usable = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
+        return min(usable) if usable else 512
+
+    def _encode_query(self, text: str) -> Any:
+        """The processor's query encoding, its text cut so that the whole fits `max_length`.
+
+        The processor wraps the text in a prefix and a suffix of augmentation tokens that the model
+        relies on, so the user's text is cut (at a token boundary), never the suffix.
+        """
+        encoded = self.processor.process_queries([text], return_tensors="pt")
+        limit = self.query_max_length
+        for _ in range(4):  # re-tokenizing the cut text can merge differently at the cut; converge
+            excess = int(encoded["attention_mask"].sum()) - limit
+            if excess <= 0:
+                return encoded
+            text = self._cut(text, excess)
+            encoded = self.processor.process_queries([text], return_tensors="pt")
+        return encoded if int(encoded["attention_mask"].sum()) <= limit else self._overhead_only(limit)
+
+    def _cut(self, text: str, excess: int) -> str:
+        """`text` without its last `excess` tokens."""
+        tokenized = self.processor.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = tokenized["offset_mapping"]
+        keep = len(offsets) - excess
+        return text[: int(offsets[keep - 1][1])] if keep > 0 else ""
+
+    def _overhead_only(self, limit: int) -> Any:
+        encoded = self.processor.process_queries([""], return_tensors="pt")
+        if int(encoded["attention_mask"].sum()) > limit:
+            raise InvalidInput(f"max_length {limit} is shorter than the model's own query prefix and suffix")
+        return encoded
 
     @staticmethod
     def _check_outputs(item: Item) -> None:

@@ -2,7 +2,9 @@
 the layout of hub-style repos) beside `open_clip_model.safetensors` or `open_clip_pytorch_model.bin`.
 
 open_clip (the `open_clip` extra) is imported only here. Its own tokenizer pads every text to the
-context length and its own image transform resizes and normalises; both run in `prepare`.
+context length and its own image transform resizes and normalises; both run in `prepare`. Where
+that transform resizes the shortest edge and then center-crops, the image is cropped to the centre
+first, so an extreme aspect ratio never becomes a huge resized tensor.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from model_registry.adapters.towers import tower_text
 from model_registry.backends import torch as backend
 from model_registry.detect import Layout
 from model_registry.errors import ModelUnavailable
-from model_registry.media import MediaLimits, decode_image, media_of
+from model_registry.media import MediaLimits, crop_for_center_crop, decode_image, media_of, processing
 from model_registry.types import Capability, Embedding, Item, Kind, Modality, Prepared, Result
 
 
@@ -43,6 +45,7 @@ class OpenClipAdapter(Adapter):
         self.dtype = torch.float32
         self.limits = MediaLimits()
         self.patches = 1
+        self.center_crop: tuple[int, int, int] | None = None
         self._footprint = 0
 
     def load(self, options: LoadOptions) -> None:
@@ -55,11 +58,12 @@ class OpenClipAdapter(Adapter):
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
         backend.configure_threads(options.threads)
-        self.limits = MediaLimits(options.max_image_pixels, options.max_audio_seconds)
+        self.limits = MediaLimits.of(options)
         name = f"local-dir:{self.layout.root}"
         model, _, transform = open_clip.create_model_and_transforms(name, device=self.device, precision="fp32")
         self.model = model.to(dtype=self.dtype).eval()
         self.transform = transform
+        self.center_crop = torchvision_center_crop(transform)
         self.tokenizer = open_clip.get_tokenizer(name)
         self.max_length = int(getattr(self.tokenizer, "context_length", 77))
         grid = getattr(self.model.visual, "grid_size", None)
@@ -79,7 +83,11 @@ class OpenClipAdapter(Adapter):
         for index, item in enumerate(items):
             media = media_of(index, item, frozenset({Modality.IMAGE}))
             if media is not None:
-                pixels = self.transform(decode_image(media.data, index, self.limits))
+                image = decode_image(media.data, index, self.limits)
+                with processing(index, "image"):
+                    if self.center_crop is not None:
+                        image = crop_for_center_crop(image, *self.center_crop)
+                    pixels = self.transform(image)
                 prepared.append(Prepared(index, self.patches, 0, pixels, "image"))
                 continue
             ids = self.tokenizer([tower_text(index, item)])[0]
@@ -105,3 +113,17 @@ class OpenClipAdapter(Adapter):
 
     def describe(self) -> dict[str, Any]:
         return {"modalities": ["text", "image"], "library": "open_clip"}
+
+
+def torchvision_center_crop(transform: Any) -> tuple[int, int, int] | None:
+    """(shortest edge, crop width, crop height) when `transform` is Resize(int) then CenterCrop."""
+    steps = list(getattr(transform, "transforms", ()))
+    names = [type(step).__name__ for step in steps]
+    if "Resize" not in names or "CenterCrop" not in names or names.index("Resize") > names.index("CenterCrop"):
+        return None
+    resize, crop = steps[names.index("Resize")], steps[names.index("CenterCrop")]
+    edge = resize.size[0] if isinstance(resize.size, (list, tuple)) and len(resize.size) == 1 else resize.size
+    size = crop.size if isinstance(crop.size, (list, tuple)) else (crop.size, crop.size)
+    if not isinstance(edge, int) or getattr(resize, "max_size", None) or len(size) != 2:
+        return None
+    return edge, int(size[1]), int(size[0])

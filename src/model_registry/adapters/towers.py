@@ -77,7 +77,7 @@ class TwoTowerAdapter(Adapter):
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
         backend.configure_threads(options.threads)
-        self.limits = MediaLimits(options.max_image_pixels, options.max_audio_seconds)
+        self.limits = MediaLimits.of(options)
         directory = str(self.layout.root)
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModel.from_pretrained(directory, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
