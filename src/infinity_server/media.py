@@ -142,6 +142,8 @@ class MediaFetcher:
     async def _load_all(self, values: Sequence[str], modality: Modality, holding: Holding) -> list[Media]:
         """At most `policy.concurrency` at once; the first failure (lowest index) is reported, the rest cancelled."""
         self.check_counts(values)
+        if not values:  # nothing to fetch; the engine answers an empty input list
+            return []
         own = asyncio.Semaphore(self.policy.concurrency)
 
         async def one(client: httpx.AsyncClient, index: int, value: str) -> Media:

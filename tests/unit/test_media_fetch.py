@@ -403,3 +403,9 @@ def test_media_limits_from_the_environment_reach_the_fetcher_and_the_registry() 
     assert settings.registry.max_media_expansion == 256  # the default
     with pytest.raises(ConfigError, match="media_fetch_concurrency"):
         load_settings(environ={"INFINITY_SERVER_MEDIA_FETCH_CONCURRENCY": "0"})
+
+
+def test_an_empty_list_fetches_nothing() -> None:
+    recorder = Recorder({})
+    assert fetch(fetcher(recorder)) == []
+    assert recorder.seen == []
