@@ -208,19 +208,27 @@ class Registry:
         outputs: Sequence[Output | str] = (Output.DENSE,),
         prompt_name: str | None = None,
         prompt: str | None = None,
+        role: str | None = None,
         truncate: bool | None = None,
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Results:
-        """Embed texts (or token-id lists, or media) with `model`; one result per input, in order."""
+        """Embed texts (or token-id lists, or media) with `model`; one result per input, in order.
+
+        `role` ("query", "document", "classification"...) names a prompt used only when the model
+        has it ("document" falls back to "passage"), as rerank does; `prompt_name` must exist.
+        """
         handle = self._handle(model)
         contents = self._contents(inputs)
         adapter = await self._ensure_loaded(handle)
         wanted = frozenset(Output(o) for o in outputs)
         self._require_outputs(handle, adapter, contents, wanted)
+        if prompt_name is None and prompt is None and role is not None:
+            prompt = adapter.prompts.get(role, adapter.prompts.get("passage") if role == "document" else None)
         text_prompt = self._prompt(adapter, prompt_name, prompt)
         cut = handle.spec.truncate if truncate is None else truncate
-        items = [EmbedItem(c, wanted, text_prompt, prompt_name == "query", cut) for c in contents]
+        is_query = (prompt_name or role) == "query"
+        items = [EmbedItem(c, wanted, text_prompt, is_query, cut) for c in contents]
         return await self.run(model, items, priority=priority, timeout=timeout)
 
     async def run(

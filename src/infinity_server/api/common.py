@@ -1,21 +1,21 @@
-"""What every route shares: body parsing, fast JSON responses, disconnect-aware execution."""
+"""What every route shares: body parsing, fast JSON responses, disconnect-aware execution, media inputs."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import numpy as np
 import orjson
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infinity_server.encoding import dump_json
 from infinity_server.errors import HTTPError
-from model_registry import Registry
-from model_registry.errors import Cancelled
+from infinity_server.media import FetchPolicy, MediaFetcher
+from infinity_server.settings import ServerSettings
+from model_registry import Cancelled, Media, Modality, Registry
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -47,11 +47,27 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(content, option=_JSON_OPTIONS), status, headers, media_type="application/json")
 
 
-def encode_vector(vector: np.ndarray, encoding_format: str) -> Any:
-    """float32 as a JSON array, or base64 of little-endian float32 bytes."""
-    if encoding_format == "base64":
-        return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return vector
+async def vectors_response(build: Callable[[], Any], numbers: int) -> Response:
+    """A JSON response built by `build`, written off the event loop when it holds many numbers."""
+    return Response(await dump_json(build, numbers), media_type="application/json")
+
+
+def fetcher_of(request: Request) -> MediaFetcher:
+    server: ServerSettings = request.app.state.settings.server
+    policy = FetchPolicy(
+        allow_private=server.media_allow_private,
+        allowed_hosts=frozenset(h.lower() for h in server.media_allowed_hosts),
+        max_bytes=server.media_max_bytes,
+        timeout=server.media_fetch_timeout,
+        max_redirects=server.media_max_redirects,
+    )
+    return MediaFetcher(policy)
+
+
+async def fetch_media(request: Request, model: str, values: Sequence[str], modality: Modality) -> list[Media]:
+    """URLs or data URIs as media; an unknown model is a 404 before anything is fetched."""
+    registry_of(request).info(model)
+    return await fetcher_of(request).load_all(list(values), modality)
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -8,31 +8,53 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
+
+from infinity_server.schemas.common import ModelOptions, one_or_many
+from infinity_server.schemas.openai import Usage
 
 
-class RerankRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    model: StrictStr
+class RerankRequest(ModelOptions):
     query: StrictStr
     documents: list[Any]
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool = False
     raw_scores: StrictBool = False
-    # Extensions.
-    truncate: StrictBool | None = None
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
 
 
-class ClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class RerankResult(BaseModel):
+    relevance_score: float
+    index: int
+    document: str | None = None
 
-    model: StrictStr
+
+class RerankResponse(BaseModel):
+    object: str = "rerank"
+    id: str
+    created: int
+    model: str
+    results: list[RerankResult]
+    usage: Usage
+    meta: dict[str, Any] = {}
+
+
+class ClassifyRequest(ModelOptions):
     input: StrictStr | list[StrictStr]
     raw_scores: StrictBool = False
-    truncate: StrictBool | None = None
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
 
     def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else list(self.input)
+        return one_or_many(self.input)
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class ClassifyResponse(BaseModel):
+    object: str = "classify"
+    id: str
+    created: int
+    model: str
+    data: list[list[LabelScore]]
+    usage: Usage

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+from infinity_server.schemas.common import NonEmpty, Priority
 
 
 class MediaEmbeddingRequest(BaseModel):
@@ -19,7 +19,7 @@ class MediaEmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
     user: StrictStr | None = None
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+    priority: Priority = None
 
     def inputs(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
@@ -35,4 +35,11 @@ class MediaRerankRequest(BaseModel):
     documents: Annotated[list[NonEmpty], Field(min_length=1)]
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: bool = False
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+    priority: Priority = None
+
+
+class MediaRerankResponse(BaseModel):
+    object: Literal["rerank"] = "rerank"
+    model: str
+    results: list[dict[str, Any]]
+    usage: dict[str, int]
