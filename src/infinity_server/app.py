@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity_server.api import admin, cohere, encode, infinity, media, native, openai
+from infinity_server.api import admin, cohere, encode, infinity, media, native, openai, tei, vllm
 from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
 from infinity_server.metrics import Metrics
 from infinity_server.settings import Settings
@@ -152,6 +152,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Starlett
             *encode.routes,
             *media.routes,
             *admin.routes,
+            *tei.routes,
+            *vllm.routes,
         ],
         lifespan=lifespan,
         exception_handlers={

@@ -43,6 +43,8 @@ class ServerSettings(BaseModel):
     media_max_redirects: int = Field(default=3, ge=0, le=20)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
     max_audio_seconds: float = Field(default=600.0, gt=0)
+    # Routes whose body may omit `model` (TEI's dialect): the model each route family uses then.
+    default_models: dict[Literal["embed", "embed_sparse", "embed_all", "predict", "rerank"], str] = {}
 
     @field_validator("media_allowed_hosts", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from model_registry.adapters import Adapter
+from model_registry.adapters.text import TextTokenizer
 from model_registry.batching import Request
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
@@ -32,9 +33,12 @@ from model_registry.lifecycle import Lifecycle
 from model_registry.ranking import (
     CROSS_ENCODER,
     Classification,
+    PairScores,
     Ranking,
+    check_pairs,
     check_rerank_input,
     classification,
+    embedding_pair_scores,
     embedding_scores,
     method_output,
     pair_scores,
@@ -55,6 +59,7 @@ from model_registry.types import (
     PairItem,
     Results,
     Text,
+    Token,
     TokenIds,
 )
 from model_registry.worker import BatchStats
@@ -77,6 +82,7 @@ class Registry:
         self._lifecycle = Lifecycle(config, self._handles, on_batch=on_batch, on_event=on_event)
         self._pool: ThreadPoolExecutor | None = None
         self._started = False
+        self._from_files: dict[str, tuple[Kind, frozenset[Capability]]] = {}
 
     @classmethod
     def from_config(cls, source: str | Path | RegistryConfig | Mapping[str, Any], **kwargs: Any) -> Registry:
@@ -136,10 +142,11 @@ class Registry:
     def info(self, name: str) -> ModelInfo:
         handle = self._handle(name)
         adapter = handle.adapter
+        kind, capabilities = (adapter.kind, adapter.capabilities) if adapter else self._kind_from_files(handle.spec)
         return ModelInfo(
             name=name,
-            kind=adapter.kind if adapter else self._declared_kind(handle.spec),
-            capabilities=adapter.capabilities if adapter else frozenset(),
+            kind=kind,
+            capabilities=capabilities,
             backend=adapter.backend if adapter else handle.spec.backend,
             device=getattr(adapter, "device", handle.spec.device) if adapter else handle.spec.device,
             dtype=str(getattr(adapter, "dtype", handle.spec.dtype)).removeprefix("torch.")
@@ -159,9 +166,18 @@ class Registry:
     def infos(self) -> list[ModelInfo]:
         return [self.info(name) for name in self._handles]
 
-    @staticmethod
-    def _declared_kind(spec: ModelSpec) -> Kind:
-        return spec.kind if isinstance(spec.kind, Kind) else Kind.DENSE
+    def _kind_from_files(self, spec: ModelSpec) -> tuple[Kind, frozenset[Capability]]:
+        """What a model that is not loaded is, from its configuration or its files (read once)."""
+        if spec.name not in self._from_files:
+            from model_registry.adapters import capabilities_of_kind, detect_kind
+
+            try:
+                kind = spec.kind if isinstance(spec.kind, Kind) else detect_kind(spec)
+            except Exception:  # an unreadable model says why when it loads; here it stays unknown
+                log.debug("cannot detect the kind of '%s' from its files", spec.name, exc_info=True)
+                return Kind.DENSE, frozenset()
+            self._from_files[spec.name] = (kind, capabilities_of_kind(kind))
+        return self._from_files[spec.name]
 
     def _handle(self, name: str) -> ModelHandle:
         handle = self._handles.get(name)
@@ -437,3 +453,71 @@ class Registry:
         items = [ClassifyItem(c.text, cut) for c in contents if isinstance(c, Text)]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         return classification(results.items, raw_scores, results.tokens)
+
+    async def score(
+        self,
+        model: str,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        raw_scores: bool = False,
+        truncate: bool | None = None,
+        priority: int | None = None,
+        timeout: float | None = None,
+    ) -> PairScores:
+        """A relevance score per (text_1, text_2) pair, in input order.
+
+        A cross-encoder reads each pair (its activation applied unless `raw_scores`); an embedding
+        model embeds each distinct text once, without prompts, and scores the pair by cosine
+        (MaxSim for multi-vector models, dot product for sparse ones).
+        """
+        handle = self._handle(model)
+        checked = check_pairs(pairs, self.config.max_inputs_per_request, self.config.max_input_chars)
+        adapter = await self._ensure_loaded(handle)
+        method = rerank_method(adapter.capabilities, model)
+        cut = handle.spec.truncate if truncate is None else truncate
+        if method == CROSS_ENCODER:
+            results = await self.run(
+                model, [PairItem(a, b, cut) for a, b in checked], priority=priority, timeout=timeout
+            )
+            return PairScores(tuple(pair_scores(results.items, raw_scores)), method, results.tokens)
+        texts = list(dict.fromkeys(t for pair in checked for t in pair))
+        wanted = frozenset({method_output(method)})
+        items = [EmbedItem(Text(t), wanted, "", False, cut) for t in texts]
+        results = await self.run(model, items, priority=priority, timeout=timeout)
+        embedded = dict(zip(texts, results.items, strict=True))
+        return PairScores(tuple(embedding_pair_scores(method, checked, embedded)), method, results.tokens)
+
+    # ---- tokens --------------------------------------------------------------------------------
+
+    async def tokenize(
+        self, model: str, texts: Sequence[str], *, add_special_tokens: bool = True, prompt_name: str | None = None
+    ) -> list[list[Token]]:
+        """Each text's tokens as `model` reads them (its prompt first when `prompt_name` is given)."""
+        contents = self._contents(texts)
+        if not all(isinstance(c, Text) for c in contents):
+            raise InvalidInput("tokenize takes texts", param="inputs")
+        adapter = await self._ensure_loaded(self._handle(model))
+        tokenizer = self._text_tokenizer(adapter, model)
+        prompt = self._prompt(adapter, prompt_name, None) if prompt_name else ""
+        prompted = [prompt + c.text for c in contents if isinstance(c, Text)]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool, lambda: tokenizer.tokens(prompted, add_special_tokens=add_special_tokens)
+        )
+
+    async def decode(self, model: str, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
+        """Token ids back to text with `model`'s tokenizer; ids outside its vocabulary are `InvalidInput`."""
+        self._contents(ids)
+        adapter = await self._ensure_loaded(self._handle(model))
+        tokenizer = self._text_tokenizer(adapter, model)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool, lambda: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        )
+
+    @staticmethod
+    def _text_tokenizer(adapter: Adapter, model: str) -> TextTokenizer:
+        tokenizer = getattr(adapter, "tokenizer", None)
+        if not isinstance(tokenizer, TextTokenizer):
+            raise UnsupportedOperation(f"the model '{model}' has no text tokenizer to show", param="model")
+        return tokenizer

@@ -169,6 +169,17 @@ Result: TypeAlias = Embedding | Score | Labels
 
 
 @dataclass(frozen=True, slots=True)
+class Token:
+    """One token of a tokenized text: its id, its text, and its character span (None for specials)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Results:
     """What one call returns: one result per input, in input order, and the real token count."""
 

@@ -30,6 +30,11 @@ def registry_of(request: Request) -> Registry:
 
 async def parse_body(request: Request, model: type[M]) -> M:
     """The JSON body validated into `model`; malformed JSON or a wrong shape is a 422."""
+    return model.model_validate(await read_object(request))
+
+
+async def read_object(request: Request) -> dict[str, Any]:
+    """The JSON object in the body; an empty body, malformed JSON or another JSON value is a 422."""
     body = await request.body()
     if not body:
         raise HTTPError(422, "the request body is empty; a JSON object is expected", code="invalid_body")
@@ -39,7 +44,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise HTTPError(422, f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise HTTPError(422, "the request body must be a JSON object", code="invalid_body")
-    return model.model_validate(data)
+    return data
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

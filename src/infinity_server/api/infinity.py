@@ -75,6 +75,6 @@ async def classify(request: Request) -> Response:
 
 
 routes = [
-    Route("/rerank", rerank, methods=["POST"]),
+    # POST /rerank is served by the TEI module, which tells the two shapes apart by the body.
     Route("/classify", classify, methods=["POST"]),
 ]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from model_registry.errors import InputTooLong, InvalidInput
+from model_registry.types import Token
 
 _UNBOUNDED = 1_000_000
 
@@ -100,6 +101,34 @@ class TextTokenizer:
                 )
             ids = ids[: self.max_length]
         return list(ids)
+
+    def tokens(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[Token]]:
+        """Each text's tokens as the model reads them (cut to its limit), with character spans."""
+        if self.do_lower_case:
+            texts = [t.lower() for t in texts]
+        encoded = self.tokenizer(
+            list(texts),
+            add_special_tokens=add_special_tokens,
+            truncation=True,
+            max_length=self.max_length,
+            return_offsets_mapping=True,
+            return_attention_mask=False,
+        )
+        rows = []
+        for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+            row = []
+            for token_id, (start, stop) in zip(ids, offsets, strict=True):
+                special = token_id in self._special
+                span = (None, None) if special else (int(start), int(stop))
+                piece = self.tokenizer.convert_ids_to_tokens(token_id) if special else text[start:stop]
+                row.append(Token(int(token_id), str(piece), special, *span))
+            rows.append(row)
+        return rows
+
+    def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+        for index, row in enumerate(ids):
+            self.check_ids(row, True, index)
+        return [str(self.tokenizer.decode(list(row), skip_special_tokens=skip_special_tokens)) for row in ids]
 
     def pad(self, sequences: Sequence[Sequence[int]]) -> Padded:
         return pad(sequences, self.pad_id, left=self.left_padding)
