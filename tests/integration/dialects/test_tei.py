@@ -120,7 +120,8 @@ def test_two_rerank_shapes_on_one_path(dialect_server: LiveServer) -> None:
         bad_tei = client.post("/rerank", json={"query": "q", "texts": []})
         bad_infinity = client.post("/rerank", json={"model": "ce", "query": "q", "documents": []})
     assert mixed.status_code == 422
-    assert "texts" in mixed.json()["error"]["message"] and "documents" in mixed.json()["error"]["message"]
+    assert "texts" in mixed.json()["error"]["message"]
+    assert "documents" in mixed.json()["error"]["message"]
     assert bad_tei.status_code == 400
     assert bad_tei.json()["error_type"] == "Validation"
     assert bad_infinity.status_code == 400
@@ -142,7 +143,8 @@ def test_tokenize_and_decode_follow_the_tokenizer(dialect_server: LiveServer, di
     expected = tokenizer(TEXTS)["input_ids"]
     assert [[t["id"] for t in row] for row in tokens] == expected
     first = tokens[0]
-    assert first[0]["special"] and first[0]["start"] is None
+    assert first[0]["special"]
+    assert first[0]["start"] is None
     assert all(TEXTS[0].lower()[t["start"] : t["stop"]] == t["text"].lower() for t in first if not t["special"])
     bare = post(dialect_server, "/tokenize", {"inputs": TEXTS[0], "model": "dense", "add_special_tokens": False})
     assert [t["id"] for t in bare[0]] == expected[0][1:-1]
@@ -194,7 +196,8 @@ def test_bad_input_in_tei_error_shape(
     assert response.status_code == status, response.text
     answer = response.json()
     assert set(answer) == {"error", "error_type"}
-    assert isinstance(answer["error"], str) and answer["error"]
+    assert isinstance(answer["error"], str)
+    assert answer["error"]
     assert answer["error_type"] == "Validation"
     assert alive.status_code == 200
 
@@ -206,5 +209,6 @@ def test_without_model_or_default_several_models_is_a_clear_error(serve: Any, di
         named = client.post("/embed", json={"inputs": "a", "model": "dense"})
     assert response.status_code == 400
     assert response.json()["error_type"] == "Validation"
-    assert "dense, ce" in response.json()["error"] and "default_models.embed" in response.json()["error"]
+    assert "dense, ce" in response.json()["error"]
+    assert "default_models.embed" in response.json()["error"]
     assert named.status_code == 200
