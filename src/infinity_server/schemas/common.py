@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from model_registry import InvalidInput
 
 #: Lower numbers run first; raising a request above the default may need the `priority` scope.
 Priority = Annotated[StrictInt | None, Field(ge=-100, le=100)]
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+
+
+def _zero_is_all(value: int | None) -> int | None:
+    return None if value == 0 else value
+
+
+#: A Matryoshka cut; 0 means the whole vector, as in Infinity (whose client sends 0 by default).
+Dimensions = Annotated[StrictInt | None, AfterValidator(_zero_is_all)]
 TruncationDirection = Literal["left", "right", "Left", "Right"]
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from infinity_server.schemas.common import NonEmpty, Priority
+from infinity_server.schemas.common import Dimensions, NonEmpty, Priority
 
 
 class MediaEmbeddingRequest(BaseModel):
@@ -17,7 +17,7 @@ class MediaEmbeddingRequest(BaseModel):
     model: StrictStr
     input: NonEmpty | list[NonEmpty]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = None
+    dimensions: Dimensions = None
     user: StrictStr | None = None
     priority: Priority = None
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from infinity_server.encoding import EmbeddingType, EncodingFormat
-from infinity_server.schemas.common import ModelOptions, media_strings
+from infinity_server.schemas.common import Dimensions, ModelOptions, media_strings
 
 TokenList = Annotated[list[StrictInt], Field(min_length=1)]
 EmbeddingInput = StrictStr | list[StrictStr] | TokenList | list[TokenList]
@@ -18,7 +18,7 @@ class EmbeddingRequest(ModelOptions):
 
     input: EmbeddingInput
     encoding_format: EncodingFormat = "float"
-    dimensions: StrictInt | None = None
+    dimensions: Dimensions = None
     user: StrictStr | None = None
     # Infinity's field; image and audio inputs are URLs or data URIs.
     modality: Literal["text", "image", "audio"] = "text"
