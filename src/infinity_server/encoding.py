@@ -99,10 +99,24 @@ def matryoshka(vectors: np.ndarray, dimensions: int | None, *, param: str = "dim
         return vectors
     if not 1 <= dimensions <= width:
         raise InvalidInput(f"{param} must be between 1 and {width} for this model, got {dimensions}", param=param)
-    cut = vectors[..., :dimensions]
-    norms = np.linalg.norm(cut, axis=-1, keepdims=True)
-    normalised: np.ndarray = (cut / np.maximum(norms, 1e-12)).astype(np.float32)
-    return normalised
+    return normalized(vectors[..., :dimensions])
+
+
+def normalized(vectors: np.ndarray) -> np.ndarray:
+    """Each row scaled to unit length (a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    unit: np.ndarray = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    return unit
+
+
+def dense_vectors(
+    results: Results, dimensions: int | None = None, *, normalize: bool = False, param: str = "dimensions"
+) -> list[np.ndarray]:
+    """The dense vectors of `results`, cut to `dimensions` (re-normalised) or normalised if asked."""
+    matrix = dense_matrix(results)
+    if dimensions is not None:
+        return list(matryoshka(matrix, dimensions, param=param))
+    return list(normalized(matrix) if normalize else matrix)
 
 
 def sparse_entry(vector: SparseVector, with_tokens: bool) -> dict[str, Any]:

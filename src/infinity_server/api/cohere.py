@@ -22,7 +22,7 @@ from infinity_server.api.common import (
     until_disconnected,
     vectors_response,
 )
-from infinity_server.encoding import dense_matrix, encode_vectors, matryoshka, numbers_in
+from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
 from infinity_server.schemas.cohere import ROLES, CohereEmbedRequest, CohereRerankRequest
 from model_registry import Content, InvalidInput, Modality, Results, Text
 
@@ -112,7 +112,7 @@ def _truncation(body: CohereEmbedRequest) -> bool:
 
 
 def embed_body(body: CohereEmbedRequest, results: Results, texts: list[str], version: str) -> dict[str, Any]:
-    vectors = list(matryoshka(dense_matrix(results), body.output_dimension, param="output_dimension"))
+    vectors = dense_vectors(results, body.output_dimension, param="output_dimension")
     meta = {"api_version": {"version": version}, "billed_units": {"input_tokens": results.tokens}}
     answer: dict[str, Any] = {"id": str(uuid.uuid4()), "texts": texts, "meta": meta}
     if body.embedding_types is None and version == "1":

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -163,11 +162,11 @@ def _choice(form: FormData, name: str, accepted: Sequence[str]) -> str:
 
 
 def rerank_response(model: str, results: Results, top_n: int | None, documents: Sequence[str] | None) -> Response:
-    scores = np.array([r.value if isinstance(r, Score) else np.nan for r in results.items], dtype=np.float64)
-    order = np.argsort(-scores, kind="stable")[: top_n or len(scores)]
+    scores = [r.value if isinstance(r, Score) else float("-inf") for r in results.items]
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: top_n or len(scores)]
     ranked = []
-    for i in order.tolist():
-        entry: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+    for i in order:
+        entry: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
         if documents is not None:
             entry["document"] = documents[i]
         ranked.append(entry)

@@ -20,7 +20,7 @@ from infinity_server.api.common import (
     until_disconnected,
     vectors_response,
 )
-from infinity_server.encoding import dense_matrix, encode_vectors, matryoshka, numbers_in
+from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
 from infinity_server.schemas.openai import EmbeddingRequest
 from model_registry import Modality, ModelInfo, Results
 
@@ -31,8 +31,7 @@ def embedding_list(
     model: str, results: Results, encoding_format: str, dimensions: int | None, embedding_type: str = "float32"
 ) -> dict[str, Any]:
     """The OpenAI list shape: one dense vector per input (cut to `dimensions` if asked)."""
-    vectors = matryoshka(dense_matrix(results), dimensions)
-    encoded = encode_vectors(list(vectors), embedding_type, encoding_format)
+    encoded = encode_vectors(dense_vectors(results, dimensions), embedding_type, encoding_format)
     data = [{"object": "embedding", "embedding": row, "index": i} for i, row in enumerate(encoded)]
     usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
     return {"object": "list", "data": data, "model": model, "usage": usage}

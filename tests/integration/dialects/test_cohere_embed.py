@@ -41,6 +41,10 @@ def native(server: LiveServer, model: str, inputs: list[str], **extra: Any) -> l
     return [d["embedding"] for d in response.json()["data"]]
 
 
+def as_array(value: object) -> np.ndarray:
+    return np.asarray(value, dtype=np.float64)
+
+
 def data_uri(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(image_bytes(40, 30, seed=seed)).decode("ascii")
 
@@ -60,11 +64,11 @@ def test_v1_client_every_embedding_type_in_one_call(dialect_server: LiveServer, 
         got = getattr(by_type, "float_" if kind == "float" else kind)
         expected = native(dialect_server, "dense", TEXTS, prompt_name="document", **NATIVE[kind])
         if kind == "float":
-            np.testing.assert_allclose(got, expected, atol=1e-6)
+            np.testing.assert_allclose(as_array(got), as_array(expected), atol=1e-6)
         else:
             assert got == expected, kind
     assert floats.response_type == "embeddings_floats"
-    np.testing.assert_allclose(floats.embeddings, by_type.float_, atol=1e-7)
+    np.testing.assert_allclose(as_array(floats.embeddings), as_array(by_type.float_), atol=1e-7)
     assert answer.texts == TEXTS
 
 
@@ -78,10 +82,16 @@ def test_v2_client_input_types_dimension_and_truncation(dialect_server: LiveServ
         texts=TEXTS, model="dense", input_type="clustering", embedding_types=["float", "int8"], output_dimension=8
     )
     np.testing.assert_allclose(
-        query.embeddings.float_, native(dialect_server, "dense", TEXTS, prompt_name="query"), atol=1e-6
+        as_array(query.embeddings.float_),
+        as_array(native(dialect_server, "dense", TEXTS, prompt_name="query")),
+        atol=1e-6,
     )
-    np.testing.assert_allclose(plain.embeddings.float_, native(dialect_server, "dense", TEXTS), atol=1e-6)
-    np.testing.assert_allclose(short.embeddings.float_, native(dialect_server, "dense", TEXTS, dimensions=8), atol=1e-6)
+    np.testing.assert_allclose(
+        as_array(plain.embeddings.float_), as_array(native(dialect_server, "dense", TEXTS)), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        as_array(short.embeddings.float_), as_array(native(dialect_server, "dense", TEXTS, dimensions=8)), atol=1e-6
+    )
     assert short.embeddings.int8 == native(dialect_server, "dense", TEXTS, dimensions=8, embedding_type="int8")
     long_text = "word " * 400
     cut = client.embed(texts=[long_text], model="dense", input_type="search_document", truncate="END")
@@ -104,8 +114,8 @@ def test_v2_images_and_mixed_inputs_with_clip(dialect_server: LiveServer, http: 
     mixed = client.embed(inputs=inputs, model="clip", input_type="search_document", embedding_types=["float", "binary"])
     photos = native(dialect_server, "clip", images, modality="image")
     words = native(dialect_server, "clip", TEXTS[:1])
-    np.testing.assert_allclose(by_images.embeddings.float_, photos, atol=1e-5)
-    np.testing.assert_allclose(mixed.embeddings.float_, [words[0], photos[1]], atol=1e-5)
+    np.testing.assert_allclose(as_array(by_images.embeddings.float_), as_array(photos), atol=1e-5)
+    np.testing.assert_allclose(as_array(mixed.embeddings.float_), as_array([words[0], photos[1]]), atol=1e-5)
     assert mixed.embeddings.binary is not None
     assert len(mixed.embeddings.binary[0]) == len(photos[0]) // 8
 
@@ -147,4 +157,4 @@ def test_model_selection_with_several_models(dialect_server: LiveServer) -> None
         b = client.post("/v1/embed", json={"model": "all-MiniLM-L6-v2", "texts": TEXTS[:1]}).json()["embeddings"]
     assert len(a[0]) == 32
     assert len(b[0]) == 384
-    np.testing.assert_allclose(b, native(dialect_server, "all-MiniLM-L6-v2", TEXTS[:1]), atol=1e-6)
+    np.testing.assert_allclose(as_array(b), as_array(native(dialect_server, "all-MiniLM-L6-v2", TEXTS[:1])), atol=1e-6)

@@ -85,14 +85,16 @@ def test_bad_vllm_requests_answer_in_the_openai_shape(
 def test_infinity_client_embeddings_and_rerank(dialect_server: LiveServer) -> None:
     from infinity_client import Client
     from infinity_client.api.default import embeddings, rerank
-    from infinity_client.models import OpenAIEmbeddingInputText, RerankInput
+    from infinity_client.models import OpenAIEmbeddingInputText, OpenAIEmbeddingResult, RerankInput, ReRankResult
 
     with Client(base_url=dialect_server.url, timeout=None) as client:
         vectors = embeddings.sync(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="dense"))
         ranked = rerank.sync(client=client, body=RerankInput(query="guitar", documents=TEXTS, model="ce"))
     expected = post(dialect_server, "/v1/embeddings", {"model": "dense", "input": TEXTS})["data"]
-    assert vectors is not None and ranked is not None
-    np.testing.assert_allclose([v.embedding for v in vectors.data], [e["embedding"] for e in expected], atol=1e-6)
+    assert isinstance(vectors, OpenAIEmbeddingResult)
+    assert isinstance(ranked, ReRankResult)
+    got = np.asarray([v.embedding for v in vectors.data], dtype=np.float64)
+    np.testing.assert_allclose(got, np.asarray([e["embedding"] for e in expected]), atol=1e-6)
     scores = rerank_scores(dialect_server, "ce", "guitar", TEXTS)
     assert [r.index for r in ranked.results] == sorted(range(3), key=lambda i: -scores[i])
 
