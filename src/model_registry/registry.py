@@ -226,6 +226,7 @@ class Registry:
         prompt: str | None = None,
         role: str | None = None,
         truncate: bool | None = None,
+        truncation_direction: str = "right",
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Results:
@@ -233,6 +234,7 @@ class Registry:
 
         `role` ("query", "document", "classification"...) names a prompt used only when the model
         has it ("document" falls back to "passage"), as rerank does; `prompt_name` must exist.
+        `truncation_direction` "left" cuts over-long texts at their start (dense, sparse, BGE-M3).
         """
         handle = self._handle(model)
         contents = self._contents(inputs)
@@ -244,7 +246,8 @@ class Registry:
         text_prompt = self._prompt(adapter, prompt_name, prompt)
         cut = handle.spec.truncate if truncate is None else truncate
         is_query = (prompt_name or role) == "query"
-        items = [EmbedItem(c, wanted, text_prompt, is_query, cut) for c in contents]
+        left = self._truncates_left(adapter, model, truncation_direction)
+        items = [EmbedItem(c, wanted, text_prompt, is_query, cut, left) for c in contents]
         return await self.run(model, items, priority=priority, timeout=timeout)
 
     async def run(
@@ -348,6 +351,21 @@ class Registry:
                 f"its capabilities are: {have}",
                 param="model",
             )
+
+    @staticmethod
+    def _truncates_left(adapter: Adapter, model: str, direction: str) -> bool:
+        sides: tuple[str, ...] = getattr(adapter, "truncation_sides", ("right",))
+        if direction not in ("left", "right"):
+            raise InvalidInput(
+                f"truncation_direction must be left or right, got '{direction}'", param="truncation_direction"
+            )
+        if direction not in sides:
+            raise UnsupportedOperation(
+                f"the model '{model}' cuts over-long texts only on the {' or '.join(sides)}; "
+                f"truncation_direction '{direction}' is not available for it",
+                param="truncation_direction",
+            )
+        return direction == "left"
 
     @staticmethod
     def _prompt(adapter: Adapter, prompt_name: str | None, prompt: str | None) -> str:

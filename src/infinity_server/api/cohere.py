@@ -103,14 +103,6 @@ async def _contents(request: Request, body: CohereEmbedRequest) -> tuple[list[An
     return merged, [c.text for c in merged if isinstance(c, Text)]
 
 
-def _truncation(body: CohereEmbedRequest) -> bool:
-    if body.truncate == "START":
-        raise InvalidInput(
-            "truncate START (keep the end of each text) is not supported; use END or NONE", param="truncate"
-        )
-    return body.truncate == "END"
-
-
 def embed_body(body: CohereEmbedRequest, results: Results, texts: list[str], version: str) -> dict[str, Any]:
     vectors = dense_vectors(results, body.output_dimension, param="output_dimension")
     meta = {"api_version": {"version": version}, "billed_units": {"input_tokens": results.tokens}}
@@ -128,10 +120,16 @@ def embed_body(body: CohereEmbedRequest, results: Results, texts: list[str], ver
 
 async def _embed(request: Request, version: str) -> Response:
     body = await parse_body(request, CohereEmbedRequest)
-    truncate = _truncation(body)
     inputs, texts = await _contents(request, body)
     role = ROLES[body.input_type] if body.input_type else None
-    work = registry_of(request).embed(body.model, inputs, role=role, truncate=truncate, priority=body.priority)
+    work = registry_of(request).embed(
+        body.model,
+        inputs,
+        role=role,
+        truncate=body.truncate != "NONE",
+        truncation_direction="left" if body.truncate == "START" else "right",
+        priority=body.priority,
+    )
     results = await until_disconnected(request, work)
     kinds = len(body.embedding_types or ["float"])
     return await vectors_response(lambda: embed_body(body, results, texts, version), kinds * numbers_in(results))

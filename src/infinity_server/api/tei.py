@@ -60,10 +60,12 @@ def model_for(request: Request, asked: str | None, family: str) -> str:
     )
 
 
-def _truncation(options: TeiOptions | Any) -> bool | None:
+def _right_only(options: TeiOptions | Any) -> bool | None:
+    """`truncate` for the pair and classify paths, which cut over-long texts only at their end."""
     if str(options.truncation_direction).lower() == "left":
         raise InvalidInput(
-            "truncation_direction 'left' is not supported; texts over the limit are cut on the right",
+            "truncation_direction 'left' is available on /embed, /embed_sparse and /embed_all; "
+            "pairs and classified texts are cut on the right",
             param="truncation_direction",
         )
     truncate: bool | None = options.truncate
@@ -80,7 +82,8 @@ async def _embed_with(request: Request, body: TeiEmbedRequest, family: str, outp
         _inputs(body),
         outputs=(output,),
         prompt_name=body.prompt_name,
-        truncate=_truncation(body),
+        truncate=body.truncate,
+        truncation_direction=body.truncation_direction.lower(),
         priority=body.priority,
     )
     return await until_disconnected(request, work)
@@ -160,7 +163,7 @@ async def predictions(request: Request, body: TeiPredictRequest, family: str = "
     model = model_for(request, body.model, family)
     sequences, batch = _sequences(body.inputs)
     operation, inputs = _predictions(registry.info(model), sequences)
-    options: dict[str, Any] = {"raw_scores": body.raw_scores, "truncate": _truncation(body), "priority": body.priority}
+    options: dict[str, Any] = {"raw_scores": body.raw_scores, "truncate": _right_only(body), "priority": body.priority}
     if operation == "classify":
         result = await until_disconnected(request, registry.classify(model, inputs, **options))
         return [[{"score": s.score, "label": s.label} for s in row] for row in result.results], batch
@@ -195,7 +198,7 @@ async def tei_rerank(request: Request) -> Response:
     body = await parse_body(request, TeiRerankRequest)
     model = model_for(request, body.model, "rerank")
     work = registry_of(request).rerank(
-        model, body.query, body.texts, raw_scores=body.raw_scores, truncate=_truncation(body), priority=body.priority
+        model, body.query, body.texts, raw_scores=body.raw_scores, truncate=_right_only(body), priority=body.priority
     )
     ranking = await until_disconnected(request, work)
     ranks = []
@@ -209,7 +212,7 @@ async def tei_rerank(request: Request) -> Response:
 
 async def similarities(request: Request, body: TeiSimilarityRequest) -> list[float]:
     parameters = body.parameters
-    truncate = _truncation(parameters) if parameters is not None else body.truncate
+    truncate = _right_only(parameters) if parameters is not None else body.truncate
     model = model_for(request, body.model, "embed")
     source = body.inputs.source_sentence
     pairs = [(source, s) for s in body.inputs.sentences]

@@ -65,8 +65,20 @@ class TextTokenizer:
             self._prompt_lengths[prompt] = length
         return self._prompt_lengths[prompt]
 
-    def encode(self, texts: Sequence[str], truncate: Sequence[bool], *, offset: int = 0) -> list[list[int]]:
-        """Token ids per text; too long with truncation off is `InputTooLong` naming the index."""
+    def encode(
+        self,
+        texts: Sequence[str],
+        truncate: Sequence[bool],
+        *,
+        offset: int = 0,
+        left: Sequence[bool] = (),
+        keep: Sequence[int] = (),
+    ) -> list[list[int]]:
+        """Token ids per text; too long with truncation off is `InputTooLong` naming the index.
+
+        Where `left[i]`, an over-long text loses its first tokens instead of its last, keeping the
+        leading special tokens and its first `keep[i]` tokens (the prompt, as `prompt_length` counts).
+        """
         if not texts:  # the fast tokenizer raises IndexError on an empty batch
             return []
         if self.do_lower_case:
@@ -75,6 +87,8 @@ class TextTokenizer:
         encoded: list[list[int]] = self.tokenizer(
             list(texts), truncation=True, max_length=limit, return_attention_mask=False
         )["input_ids"]
+        for i in (i for i, side in enumerate(left) if side and len(encoded[i]) >= limit and truncate[i]):
+            encoded[i] = self._cut_left(texts[i], keep[i] if i < len(keep) else 0)
         for i, (ids, cut) in enumerate(zip(encoded, truncate, strict=True)):
             if not cut and len(ids) >= limit:
                 full = len(self.tokenizer(texts[i], return_attention_mask=False)["input_ids"])
@@ -85,6 +99,23 @@ class TextTokenizer:
                         param="input",
                     )
         return encoded
+
+    def _leading_specials(self) -> int:
+        """How many special tokens the tokenizer puts before a text ([CLS]: 1; most decoders: 0)."""
+        sample = "a b c"
+        plain = self.tokenizer(sample, add_special_tokens=False)["input_ids"]
+        full = self.tokenizer(sample)["input_ids"]
+        return next((k for k in range(len(full)) if full[k : k + len(plain)] == plain), 0)
+
+    def _cut_left(self, text: str, keep: int) -> list[int]:
+        """`text`'s ids within the limit, its earliest tokens dropped (specials and `keep` kept)."""
+        ids: list[int] = self.tokenizer(text, return_attention_mask=False)["input_ids"]
+        if len(ids) <= self.max_length:
+            return ids
+        head = ids[
+            : max(self._leading_specials(), keep)
+        ]  # `keep` (the prompt's length) already counts leading specials
+        return head + ids[len(ids) - (self.max_length - len(head)) :]
 
     def check_ids(self, ids: Sequence[int], truncate: bool, index: int) -> list[int]:
         """Client-given token ids: in the vocabulary, within the limit (or truncated)."""

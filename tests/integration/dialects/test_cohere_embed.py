@@ -96,6 +96,13 @@ def test_v2_client_input_types_dimension_and_truncation(dialect_server: LiveServ
     long_text = "word " * 400
     cut = client.embed(texts=[long_text], model="dense", input_type="search_document", truncate="END")
     assert cut.embeddings.float_ is not None
+    start = client.embed(texts=[long_text], model="dense", input_type="search_document", truncate="START")
+    with dialect_server.client() as http_client:
+        left = http_client.post(
+            "/embed",
+            json={"inputs": long_text, "model": "dense", "prompt_name": "document", "truncation_direction": "left"},
+        ).json()
+    np.testing.assert_allclose(as_array(start.embeddings.float_), as_array(left), atol=1e-6)
     with pytest.raises(cohere.core.ApiError) as refused:
         client.embed(texts=[long_text], model="dense", input_type="search_document", truncate="NONE")
     assert refused.value.status_code == 400
@@ -125,7 +132,6 @@ BAD: list[tuple[str, dict[str, Any], int]] = [
     ("nothing to embed", {"input_type": "search_query"}, 400),
     ("unknown embedding type", {"texts": ["a"], "embedding_types": ["float16"]}, 422),
     ("output_dimension too large", {"texts": ["a"], "output_dimension": 10_000}, 400),
-    ("START truncation", {"texts": ["a"], "truncate": "START"}, 400),
     (
         "text and image in one input",
         {

