@@ -416,6 +416,7 @@ class Registry:
         top_n: int | None = None,
         raw_scores: bool = False,
         truncate: bool | None = None,
+        max_tokens_per_doc: int | None = None,
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Ranking:
@@ -423,6 +424,7 @@ class Registry:
 
         A cross-encoder applies its activation (sigmoid) unless `raw_scores`; embedding models
         score by MaxSim, sparse dot product or cosine, which have no activation to skip.
+        `max_tokens_per_doc` scores only each document's first tokens (results keep the whole text).
         """
         handle = self._handle(model)
         limits = self.config
@@ -430,15 +432,20 @@ class Registry:
         adapter = await self._ensure_loaded(handle)
         method = rerank_method(adapter.capabilities, model)
         cut = handle.spec.truncate if truncate is None else truncate
+        scored = docs
+        if max_tokens_per_doc is not None:
+            tokenizer = self._text_tokenizer(adapter, model)
+            loop = asyncio.get_running_loop()
+            scored = await loop.run_in_executor(self._pool, tokenizer.first_tokens, docs, max_tokens_per_doc)
         if method == CROSS_ENCODER:
-            pairs = [PairItem(query, d, cut) for d in docs]
+            pairs = [PairItem(query, d, cut) for d in scored]
             results = await self.run(model, pairs, priority=priority, timeout=timeout)
             return ranking(docs, pair_scores(results.items, raw_scores), top_n, method, results.tokens)
         wanted = frozenset({method_output(method)})
         prompts = adapter.prompts
         query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut)
         doc_prompt = prompts.get("document", prompts.get("passage", ""))
-        items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut) for d in docs)]
+        items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut) for d in scored)]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it.
         scores = embedding_scores(

@@ -17,7 +17,7 @@ class CohereRerankRequest(ModelOptions):
     documents: list[Any]
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool | None = None
-    # Accepted for compatibility: documents are cut to the model's own limit, whatever is asked.
+    # Each document is scored on its first tokens only (the answer keeps the whole text).
     max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1)
     # Extensions.
     raw_scores: StrictBool = False

@@ -156,6 +156,16 @@ class TextTokenizer:
             rows.append(row)
         return rows
 
+    def first_tokens(self, texts: Sequence[str], count: int) -> list[str]:
+        """Each text cut after its first `count` tokens (as this tokenizer splits it, no specials)."""
+        if count < 1:
+            raise InvalidInput(f"the token limit must be at least 1, got {count}", param="max_tokens_per_doc")
+        encoded = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+        return [
+            text if len(offsets) <= count else text[: offsets[count - 1][1]]
+            for text, offsets in zip(texts, encoded["offset_mapping"], strict=True)
+        ]
+
     def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
         for index, row in enumerate(ids):
             self.check_ids(row, True, index)

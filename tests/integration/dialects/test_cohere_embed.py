@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -164,3 +165,23 @@ def test_model_selection_with_several_models(dialect_server: LiveServer) -> None
     assert len(a[0]) == 32
     assert len(b[0]) == 384
     np.testing.assert_allclose(as_array(b), as_array(native(dialect_server, "all-MiniLM-L6-v2", TEXTS[:1])), atol=1e-6)
+
+
+def test_rerank_max_tokens_per_doc_scores_the_first_tokens(
+    dialect_server: LiveServer, http: httpx.Client, dialect_models: dict[str, Path]
+) -> None:
+    import cohere
+    from transformers import AutoTokenizer
+
+    documents = [f"{t} {TEXTS[(i + 1) % 3]}" for i, t in enumerate(TEXTS)]
+    tokenizer = AutoTokenizer.from_pretrained(str(dialect_models["ce"]))
+    offsets = tokenizer(documents, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    heads = [d[: o[3][1]] for d, o in zip(documents, offsets, strict=True)]  # the first 4 tokens
+    client = cohere.ClientV2(api_key="unused", base_url=dialect_server.url, httpx_client=http)
+    cut = client.rerank(model="ce", query="guitar", documents=documents, max_tokens_per_doc=4)
+    whole = client.rerank(model="ce", query="guitar", documents=documents)
+    with dialect_server.client() as native:
+        expected = native.post("/rerank", json={"model": "ce", "query": "guitar", "documents": heads}).json()
+    by_index = {r["index"]: r["relevance_score"] for r in expected["results"]}
+    assert [r.relevance_score for r in cut.results] == pytest.approx([by_index[r.index] for r in cut.results], abs=1e-6)
+    assert [r.relevance_score for r in cut.results] != pytest.approx([r.relevance_score for r in whole.results])

@@ -101,7 +101,7 @@ def test_left_truncation_keeps_the_end_of_the_text_and_the_prompt(
             dialect_server, "/embed", {"inputs": [long_text], "model": model, "truncation_direction": "left", **extra}
         )
         right = post(dialect_server, "/embed", {"inputs": [long_text], "model": model, **extra})
-        reference = openai_vectors(dialect_server, model, [expected_ids])  # type: ignore[list-item]
+        reference = openai_vectors(dialect_server, model, [expected_ids])
         np.testing.assert_allclose(left, reference, atol=1e-5)
         assert not np.allclose(left, right, atol=1e-3)
 
