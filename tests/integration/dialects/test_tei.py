@@ -184,6 +184,9 @@ def test_info_describes_the_chosen_model(dialect_server: LiveServer) -> None:
     with dialect_server.client() as client:
         default = client.get("/info").json()
         classifier = client.get("/info", params={"model": "clf"}).json()
+        unknown = client.get("/info", params={"model": "nope"})
+    assert unknown.status_code == 404
+    assert unknown.json()["error_type"] == "Validation"
     assert default["model_id"] == MINILM
     assert default["model_type"] == {"embedding": {"pooling": "mean"}}
     assert default["max_input_length"] == 256
@@ -217,6 +220,10 @@ BAD: list[tuple[str, str, dict[str, Any], int]] = [
     ("pair to a classifier", "/predict", {"inputs": ["a", "b"]}, 400),
     ("id outside the vocabulary", "/decode", {"ids": [10**9], "model": "dense"}, 400),
     ("malformed similarity", "/similarity", {"inputs": {"source_sentence": "a"}}, 422),
+    ("no text tokenizer", "/tokenize", {"inputs": "a", "model": "clip"}, 400),
+    ("blank text to tokenize", "/tokenize", {"inputs": [" "]}, 400),
+    ("root with an unknown model", "/models/nope", {"inputs": "a"}, 404),
+    ("root with a bad body", "/", {"inputs": 7}, 422),
 ]
 
 
