@@ -246,7 +246,7 @@ class Registry:
         text_prompt = self._prompt(adapter, prompt_name, prompt)
         cut = handle.spec.truncate if truncate is None else truncate
         is_query = (prompt_name or role) == "query"
-        left = self._truncates_left(adapter, model, truncation_direction)
+        left = self._left(adapter, model, truncation_direction)
         items = [EmbedItem(c, wanted, text_prompt, is_query, cut, left) for c in contents]
         return await self.run(model, items, priority=priority, timeout=timeout)
 
@@ -352,9 +352,18 @@ class Registry:
                 param="model",
             )
 
+    async def _fit_left(
+        self, adapter: Adapter, model: str, texts: Sequence[str], queries: Sequence[str] | None
+    ) -> list[str]:
+        """Texts (documents of pairs, or classified texts) cut at their start to fit, on the pool."""
+        tokenizer = self._text_tokenizer(adapter, model)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, tokenizer.fit_left, texts, queries)
+
     @staticmethod
-    def _truncates_left(adapter: Adapter, model: str, direction: str) -> bool:
-        sides: tuple[str, ...] = getattr(adapter, "truncation_sides", ("right",))
+    def _left(adapter: Adapter, model: str, direction: str, *, pairs: bool = False) -> bool:
+        """Whether to cut at the start; pair and classify inputs are cut here, before the adapter."""
+        sides: tuple[str, ...] = ("right", "left") if pairs else getattr(adapter, "truncation_sides", ("right",))
         if direction not in ("left", "right"):
             raise InvalidInput(
                 f"truncation_direction must be left or right, got '{direction}'", param="truncation_direction"
@@ -416,6 +425,7 @@ class Registry:
         top_n: int | None = None,
         raw_scores: bool = False,
         truncate: bool | None = None,
+        truncation_direction: str = "right",
         max_tokens_per_doc: int | None = None,
         priority: int | None = None,
         timeout: float | None = None,
@@ -424,7 +434,8 @@ class Registry:
 
         A cross-encoder applies its activation (sigmoid) unless `raw_scores`; embedding models
         score by MaxSim, sparse dot product or cosine, which have no activation to skip.
-        `max_tokens_per_doc` scores only each document's first tokens (results keep the whole text).
+        `max_tokens_per_doc` scores only each document's first tokens (results keep the whole text);
+        `truncation_direction` "left" cuts an over-long document at its start (the query stays whole).
         """
         handle = self._handle(model)
         limits = self.config
@@ -438,14 +449,17 @@ class Registry:
             loop = asyncio.get_running_loop()
             scored = await loop.run_in_executor(self._pool, tokenizer.first_tokens, docs, max_tokens_per_doc)
         if method == CROSS_ENCODER:
+            if cut and self._left(adapter, model, truncation_direction, pairs=True):
+                scored = await self._fit_left(adapter, model, scored, [query] * len(scored))
             pairs = [PairItem(query, d, cut) for d in scored]
             results = await self.run(model, pairs, priority=priority, timeout=timeout)
             return ranking(docs, pair_scores(results.items, raw_scores), top_n, method, results.tokens)
         wanted = frozenset({method_output(method)})
         prompts = adapter.prompts
-        query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut)
+        left = self._left(adapter, model, truncation_direction)
+        query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut, left)
         doc_prompt = prompts.get("document", prompts.get("passage", ""))
-        items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut) for d in scored)]
+        items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut, left) for d in scored)]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it.
         scores = embedding_scores(
@@ -460,6 +474,7 @@ class Registry:
         *,
         raw_scores: bool = False,
         truncate: bool | None = None,
+        truncation_direction: str = "right",
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Classification:
@@ -475,7 +490,10 @@ class Registry:
                 f"the model '{model}' cannot classify; its capabilities are: {have}", param="model"
             )
         cut = handle.spec.truncate if truncate is None else truncate
-        items = [ClassifyItem(c.text, cut) for c in contents if isinstance(c, Text)]
+        texts = [c.text for c in contents if isinstance(c, Text)]
+        if cut and self._left(adapter, model, truncation_direction, pairs=True):
+            texts = await self._fit_left(adapter, model, texts, None)
+        items = [ClassifyItem(t, cut) for t in texts]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         return classification(results.items, raw_scores, results.tokens)
 
@@ -486,6 +504,7 @@ class Registry:
         *,
         raw_scores: bool = False,
         truncate: bool | None = None,
+        truncation_direction: str = "right",
         priority: int | None = None,
         timeout: float | None = None,
     ) -> PairScores:
@@ -501,13 +520,17 @@ class Registry:
         method = rerank_method(adapter.capabilities, model)
         cut = handle.spec.truncate if truncate is None else truncate
         if method == CROSS_ENCODER:
+            if cut and self._left(adapter, model, truncation_direction, pairs=True):
+                seconds = await self._fit_left(adapter, model, [b for _, b in checked], [a for a, _ in checked])
+                checked = [(a, b) for (a, _), b in zip(checked, seconds, strict=True)]
             results = await self.run(
                 model, [PairItem(a, b, cut) for a, b in checked], priority=priority, timeout=timeout
             )
             return PairScores(tuple(pair_scores(results.items, raw_scores)), method, results.tokens)
         texts = list(dict.fromkeys(t for pair in checked for t in pair))
         wanted = frozenset({method_output(method)})
-        items = [EmbedItem(Text(t), wanted, "", False, cut) for t in texts]
+        left = self._left(adapter, model, truncation_direction)
+        items = [EmbedItem(Text(t), wanted, "", False, cut, left) for t in texts]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         embedded = dict(zip(texts, results.items, strict=True))
         return PairScores(tuple(embedding_pair_scores(method, checked, embedded)), method, results.tokens)

@@ -60,16 +60,9 @@ def model_for(request: Request, asked: str | None, family: str) -> str:
     )
 
 
-def _right_only(options: TeiOptions | Any) -> bool | None:
-    """`truncate` for the pair and classify paths, which cut over-long texts only at their end."""
-    if str(options.truncation_direction).lower() == "left":
-        raise InvalidInput(
-            "truncation_direction 'left' is available on /embed, /embed_sparse and /embed_all; "
-            "pairs and classified texts are cut on the right",
-            param="truncation_direction",
-        )
-    truncate: bool | None = options.truncate
-    return truncate
+def _direction(options: TeiOptions | Any) -> str:
+    """TEI writes `Left`/`Right`; the engine takes left/right."""
+    return str(options.truncation_direction).lower()
 
 
 # ---- embeddings -----------------------------------------------------------------------------------
@@ -83,7 +76,7 @@ async def _embed_with(request: Request, body: TeiEmbedRequest, family: str, outp
         outputs=(output,),
         prompt_name=body.prompt_name,
         truncate=body.truncate,
-        truncation_direction=body.truncation_direction.lower(),
+        truncation_direction=_direction(body),
         priority=body.priority,
     )
     return await until_disconnected(request, work)
@@ -163,7 +156,12 @@ async def predictions(request: Request, body: TeiPredictRequest, family: str = "
     model = model_for(request, body.model, family)
     sequences, batch = _sequences(body.inputs)
     operation, inputs = _predictions(registry.info(model), sequences)
-    options: dict[str, Any] = {"raw_scores": body.raw_scores, "truncate": _right_only(body), "priority": body.priority}
+    options: dict[str, Any] = {
+        "raw_scores": body.raw_scores,
+        "truncate": body.truncate,
+        "truncation_direction": _direction(body),
+        "priority": body.priority,
+    }
     if operation == "classify":
         result = await until_disconnected(request, registry.classify(model, inputs, **options))
         return [[{"score": s.score, "label": s.label} for s in row] for row in result.results], batch
@@ -198,7 +196,13 @@ async def tei_rerank(request: Request) -> Response:
     body = await parse_body(request, TeiRerankRequest)
     model = model_for(request, body.model, "rerank")
     work = registry_of(request).rerank(
-        model, body.query, body.texts, raw_scores=body.raw_scores, truncate=_right_only(body), priority=body.priority
+        model,
+        body.query,
+        body.texts,
+        raw_scores=body.raw_scores,
+        truncate=body.truncate,
+        truncation_direction=_direction(body),
+        priority=body.priority,
     )
     ranking = await until_disconnected(request, work)
     ranks = []
@@ -212,11 +216,14 @@ async def tei_rerank(request: Request) -> Response:
 
 async def similarities(request: Request, body: TeiSimilarityRequest) -> list[float]:
     parameters = body.parameters
-    truncate = _right_only(parameters) if parameters is not None else body.truncate
+    truncate = parameters.truncate if parameters is not None else body.truncate
+    direction = _direction(parameters) if parameters is not None else "right"
     model = model_for(request, body.model, "embed")
     source = body.inputs.source_sentence
     pairs = [(source, s) for s in body.inputs.sentences]
-    work = registry_of(request).score(model, pairs, truncate=truncate, priority=body.priority)
+    work = registry_of(request).score(
+        model, pairs, truncate=truncate, truncation_direction=direction, priority=body.priority
+    )
     return list((await until_disconnected(request, work)).scores)
 
 

@@ -166,6 +166,31 @@ class TextTokenizer:
             for text, offsets in zip(texts, encoded["offset_mapping"], strict=True)
         ]
 
+    def last_tokens(self, texts: Sequence[str], room: Sequence[int]) -> list[str]:
+        """Each text's end that fits in `room[i]` tokens, starting at a word (so that it tokenizes
+        as the same tokens again); a text that fits is unchanged."""
+        encoded = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+        cut = []
+        for text, offsets, fits in zip(texts, encoded["offset_mapping"], room, strict=True):
+            first = max(len(offsets) - max(fits, 0), 0)
+            while 0 < first < len(offsets) and not text[offsets[first][0] - 1].isspace():
+                first += 1  # a token inside a word: start at the next word
+            cut.append(text if first == 0 else text[offsets[first][0] :] if first < len(offsets) else "")
+        return cut
+
+    def fit_left(self, texts: Sequence[str], queries: Sequence[str] | None = None) -> list[str]:
+        """`texts` cut at their start to fit the limit, alone or after their pair's query (kept whole)."""
+        if queries is None:
+            rooms = [self.max_length - int(self.tokenizer.num_special_tokens_to_add(pair=False))] * len(texts)
+        else:
+            unique = sorted(set(queries))
+            lengths = dict(
+                zip(unique, map(len, self.tokenizer(unique, add_special_tokens=False)["input_ids"]), strict=True)
+            )
+            room = self.max_length - int(self.tokenizer.num_special_tokens_to_add(pair=True))
+            rooms = [room - lengths[q] for q in queries]
+        return self.last_tokens(texts, rooms)
+
     def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
         for index, row in enumerate(ids):
             self.check_ids(row, True, index)
