@@ -1,6 +1,6 @@
 """create_app(settings) -> Starlette. The lifespan owns the Registry; middleware are plain ASGI.
 
-Middleware, outermost first (each in its own module): request context (id, timing headers,
+Middleware, outermost first (each in its own module): the dialect's error shape, request context (id, timing headers,
 stage metrics, spans, access log), request metrics, the drain gate
 (graceful shutdown), body limit, authentication and scopes, the JSON content type (415).
 """
@@ -19,11 +19,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity_server import openapi
-from infinity_server.api import admin, cohere, encode, infinity, media, native, openai
+from infinity_server.api import admin, cohere, encode, infinity, media, native, openai, tei, vllm
 from infinity_server.auth import Authenticate, keyring
 from infinity_server.body_limit import BodyLimit
 from infinity_server.content_type import JsonContentType
-from infinity_server.errors import HTTPError, error_response, handle_exception, to_response
+from infinity_server.errors import (
+    DialectShape,
+    HTTPError,
+    Shape,
+    error_response,
+    handle_exception,
+    shape_of,
+    to_response,
+)
 from infinity_server.metrics import Metrics, RequestMetrics
 from infinity_server.request_context import RequestContext
 from infinity_server.settings import Settings
@@ -39,7 +47,9 @@ async def _http_exception(request: Request, error: Exception) -> Response:
     message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
     status, headers = error.status_code, dict(error.headers or {})  # 405 carries `Allow`
     text = message.get(status, str(error.detail))
-    return error_response(status, text, code=codes.get(status, "http_error"), headers=headers)
+    return error_response(
+        status, text, code=codes.get(status, "http_error"), headers=headers, shape=shape_of(request.scope)
+    )
 
 
 ROUTES = [
@@ -50,8 +60,13 @@ ROUTES = [
     *encode.routes,
     *media.routes,
     *admin.routes,
+    *tei.routes,
+    *vllm.routes,
     *openapi.routes,
 ]
+
+#: Routes whose every error is in TEI's shape; `/rerank` answers in the shape of the body it was given.
+TEI_SHAPED = [route for route in tei.routes if getattr(route, "path", None) != "/rerank"]
 
 
 def create_app(settings: Settings, registry: Registry | None = None, *, tracer_provider: Any = None) -> Starlette:
@@ -78,6 +93,7 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
         routes=ROUTES,
         lifespan=lifespan,
         middleware=[
+            Middleware(DialectShape, routes=TEI_SHAPED, shape=Shape.TEI),
             Middleware(RequestContext, metrics=metrics, tracing=tracing, access_log=settings.server.access_log),
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(DrainGate, drain=drain),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity_server.errors import HTTPError, error_response
+from infinity_server.errors import HTTPError, error_response, shape_of
 
 _DRAIN_BYTES = 64 * 2**20
 
@@ -56,5 +56,5 @@ class BodyLimit:
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._drain(receive, {"type": "http.request", "more_body": True})
-        response = error_response(413, self._message(), code="body_too_large")
+        response = error_response(413, self._message(), code="body_too_large", shape=shape_of(scope))
         await response(scope, receive, send)

@@ -1,4 +1,6 @@
-"""Output encodings for dense and multi-vector output: float or base64, and the embedding dtypes.
+"""Response encoding every dialect shares: vectors out of results, the Matryoshka cut, the dtypes.
+
+Output encodings for dense and multi-vector output: float or base64, and the embedding dtypes.
 
 The dtypes follow sentence-transformers' `quantize_embeddings`:
 - `float32`: unchanged;
@@ -12,10 +14,15 @@ The dtypes follow sentence-transformers' `quantize_embeddings`:
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
+import orjson
+
+from model_registry import Embedding, InvalidInput, Results, SparseVector, UnsupportedOperation
 
 EmbeddingType = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 EncodingFormat = Literal["float", "base64"]
@@ -64,3 +71,83 @@ def encode_vectors(arrays: list[np.ndarray], dtype: str, encoding_format: str) -
     """Quantize and encode one request's vectors (or matrices) with one shared int8/uint8 range."""
     ranges = quantization_ranges(arrays) if dtype in ("int8", "uint8") and arrays else None
     return [encode_array(quantize(a, dtype, ranges), encoding_format) for a in arrays]
+
+
+# ---- results -> arrays ----------------------------------------------------------------------------
+
+
+def column(results: Results, name: str) -> list[Any]:
+    """One output (`dense` or `multivector`) of every result; a missing one is a bug in the engine."""
+    arrays = []
+    for result in results.items:
+        value = getattr(result, name, None) if isinstance(result, Embedding) else None
+        if value is None:
+            raise UnsupportedOperation(f"This is a bug: the model returned no {name} output")
+        arrays.append(value)
+    return arrays
+
+
+def dense_matrix(results: Results) -> np.ndarray:
+    """The dense vectors of `results` as one (n, d) float32 matrix."""
+    return np.stack(column(results, "dense"))
+
+
+def matryoshka(vectors: np.ndarray, dimensions: int | None, *, param: str = "dimensions") -> np.ndarray:
+    """Keep the first `dimensions` components and re-normalise each row (None keeps all)."""
+    width = vectors.shape[-1]
+    if dimensions is None:
+        return vectors
+    if not 1 <= dimensions <= width:
+        raise InvalidInput(f"{param} must be between 1 and {width} for this model, got {dimensions}", param=param)
+    return normalized(vectors[..., :dimensions])
+
+
+def normalized(vectors: np.ndarray) -> np.ndarray:
+    """Each row scaled to unit length (a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    unit: np.ndarray = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    return unit
+
+
+def dense_vectors(
+    results: Results, dimensions: int | None = None, *, normalize: bool = False, param: str = "dimensions"
+) -> list[np.ndarray]:
+    """The dense vectors of `results`, cut to `dimensions` (re-normalised) or normalised if asked."""
+    matrix = dense_matrix(results)
+    if dimensions is not None:
+        return list(matryoshka(matrix, dimensions, param=param))
+    return list(normalized(matrix) if normalize else matrix)
+
+
+def sparse_entry(vector: SparseVector, with_tokens: bool) -> dict[str, Any]:
+    """`{indices, values}` (and `tokens`) of one sparse vector."""
+    entry: dict[str, Any] = {"indices": np.asarray(vector.indices, dtype=np.int64), "values": vector.values}
+    if with_tokens:
+        entry["tokens"] = list(vector.tokens or ())
+    return entry
+
+
+# ---- JSON, off the event loop when large ----------------------------------------------------------
+
+#: Above this many numbers in a response, quantizing, base64 and JSON run on a worker thread: a
+#: ColPali page is ~1000 x 128 numbers, and writing a batch of them would stall every other request.
+OFF_LOOP_NUMBERS = 1 << 16
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def numbers_in(results: Results) -> int:
+    """How many numbers the vectors of `results` hold (the cost of writing them)."""
+    total = 0
+    for result in results.items:
+        if isinstance(result, Embedding):
+            for array in (result.dense, result.multivector):
+                total += 0 if array is None else int(array.size)
+            total += 0 if result.sparse is None else 2 * len(result.sparse.indices)
+    return total
+
+
+async def dump_json(build: Callable[[], Any], numbers: int) -> bytes:
+    """`orjson.dumps(build())`, on a worker thread when the response holds more than `OFF_LOOP_NUMBERS`."""
+    if numbers <= OFF_LOOP_NUMBERS:
+        return orjson.dumps(build(), option=_JSON_OPTIONS)
+    return await asyncio.to_thread(lambda: orjson.dumps(build(), option=_JSON_OPTIONS))

@@ -1,17 +1,26 @@
 """The one table from errors to HTTP status and JSON body.
 
-Every route answers errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
+Every route answers errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`,
+except the routes of Text Embeddings Inference's dialect, which answer in TEI's own shape
+`{"error": "...", "error_type": "Validation" | "Overloaded" | "Unhealthy" | "Backend"}`. The status
+is the same in both: the table below decides it once.
 """
 
 from __future__ import annotations
 
+import enum
+import functools
 import logging
 import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from model_registry.errors import (
     BatchFailed,
@@ -61,10 +70,51 @@ def _type_for(status: int) -> str:
     return "invalid_request_error" if status < 500 else "server_error"
 
 
+class Shape(str, enum.Enum):
+    """The error body a dialect's clients expect."""
+
+    OPENAI = "openai"
+    TEI = "tei"
+
+
+def shape_of(scope: Mapping[str, Any]) -> Shape:
+    """The error shape the request's dialect expects, as `DialectShape` marked it (OpenAI's by default)."""
+    shape: Shape = scope.get("state", {}).get("error_shape", Shape.OPENAI)
+    return shape
+
+
+class DialectShape:
+    """Marks requests to `routes` (a dialect's) so that every error on them, the middleware's own
+    (401, 403, 413, 415, 503) included, is written in `shape`. Outermost, before anything can refuse."""
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute], shape: Shape) -> None:
+        self.app, self.routes, self.shape = app, tuple(routes), shape
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and any(route.matches(scope)[0] != Match.NONE for route in self.routes):
+            scope.setdefault("state", {})["error_shape"] = self.shape
+        await self.app(scope, receive, send)
+
+
+def _tei_type(status: int) -> str:
+    """TEI's `error_type` names (its router's `ErrorType`)."""
+    return {429: "Overloaded", 503: "Unhealthy"}.get(status, "Backend" if status >= 500 else "Validation")
+
+
 def error_response(
-    status: int, message: str, *, code: str, param: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    *,
+    code: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    shape: Shape = Shape.OPENAI,
 ) -> Response:
-    body = {"error": {"message": message, "type": _type_for(status), "param": param, "code": code}}
+    body: dict[str, object]
+    if shape == Shape.TEI:
+        body = {"error": message, "error_type": _tei_type(status)}
+    else:
+        body = {"error": {"message": message, "type": _type_for(status), "param": param, "code": code}}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
@@ -80,23 +130,43 @@ def validation_message(error: ValidationError) -> tuple[str, str | None]:
     return "; ".join(parts) + more, param
 
 
-def to_response(error: Exception) -> Response:
+def to_response(error: Exception, shape: Shape = Shape.OPENAI) -> Response:
     if isinstance(error, HTTPError):
-        return error_response(error.status, error.message, code=error.code, param=error.param)
+        return error_response(error.status, error.message, code=error.code, param=error.param, shape=shape)
     if isinstance(error, ValidationError):
         message, param = validation_message(error)
-        return error_response(422, message, code="invalid_body", param=param)
+        return error_response(422, message, code="invalid_body", param=param, shape=shape)
     if isinstance(error, RegistryError):
         for cls, status, code in TABLE:
             if isinstance(error, cls):
                 headers = None
                 if isinstance(error, Overloaded):
                     headers = {"Retry-After": str(max(1, math.ceil(error.retry_after)))}
-                return error_response(status, error.message, code=code, param=error.param, headers=headers)
-        return error_response(500, error.message, code="registry_error", param=error.param)
+                return error_response(status, error.message, code=code, param=error.param, headers=headers, shape=shape)
+        return error_response(500, error.message, code="registry_error", param=error.param, shape=shape)
     log.exception("This is a bug: an unexpected error reached the HTTP edge", exc_info=error)
-    return error_response(500, f"internal error ({type(error).__name__}); this is a bug", code="internal_error")
+    message = f"internal error ({type(error).__name__}); this is a bug"
+    return error_response(500, message, code="internal_error", shape=shape)
 
 
 async def handle_exception(request: Request, error: Exception) -> Response:
-    return to_response(error)
+    return to_response(error, shape_of(request.scope))
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def answers_in(shape: Shape) -> Callable[[Endpoint], Endpoint]:
+    """Decorate a route so that its errors are written in `shape` (the same statuses as everywhere)."""
+
+    def decorate(endpoint: Endpoint) -> Endpoint:
+        @functools.wraps(endpoint)
+        async def route(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except Exception as error:  # every error, as the app's handler would, but in this shape
+                return to_response(error, shape)
+
+        return route
+
+    return decorate

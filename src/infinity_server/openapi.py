@@ -18,7 +18,7 @@ from http import HTTPStatus
 from typing import Any, Literal
 
 from openapi_ui_bundles import swagger_ui
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -27,7 +27,8 @@ from starlette.staticfiles import StaticFiles
 
 from infinity_server.api.common import json_response
 from infinity_server.schemas import responses as out
-from infinity_server.schemas.cohere import CohereRerankRequest
+from infinity_server.schemas import tei, vllm
+from infinity_server.schemas.cohere import CohereEmbedRequest, CohereEmbedResponse, CohereRerankRequest
 from infinity_server.schemas.encode import EncodeRequest
 from infinity_server.schemas.infinity import ClassifyRequest, RerankRequest
 from infinity_server.schemas.media import MediaEmbeddingRequest, MediaRerankRequest
@@ -60,6 +61,7 @@ class Operation:
     response_type: str = "application/json"
     # Other success-like answers with their own body (readiness's 503).
     alternatives: tuple[tuple[int, type[BaseModel]], ...] = ()
+    error: type[BaseModel] = out.ErrorResponse
 
 
 def model_op(
@@ -86,6 +88,24 @@ def open_op(
     return Operation("GET", path, summary, None, response, (), None, "operations", response_type=media_type)
 
 
+def tei_op(path: str, summary: str, request: type[BaseModel] | None, response: type[BaseModel]) -> Operation:
+    """A TEI route: errors in TEI's shape `{"error", "error_type"}`."""
+    method = "GET" if request is None else "POST"
+    return Operation(method, path, summary, request, response, error=tei.TeiError)
+
+
+class RerankEitherRequest(RootModel[RerankRequest | tei.TeiRerankRequest]):
+    """`POST /rerank`: Infinity's body (`documents`) or TEI's (`texts`); a body with both is a 422."""
+
+
+class RerankEitherResponse(RootModel[out.RerankResponse | tei.TeiRerankResponse]):
+    """Infinity's answer to Infinity's body, TEI's bare list to TEI's."""
+
+
+class EitherError(RootModel[out.ErrorResponse | tei.TeiError]):
+    """OpenAI's error shape, or TEI's when the body was TEI's."""
+
+
 _E, _LIST, _IMAGES = out.EmbeddingResponse, out.ModelList, out.ImageRerankResponse
 _READY_503 = ((503, out.Readiness),)  # readiness answers 503 with its own body
 #: One line per route. A route the app serves without a line here fails the tests.
@@ -94,10 +114,28 @@ OPERATIONS: tuple[Operation, ...] = (
     model_op("POST", "/embeddings", "Embeddings (Infinity's unversioned path)", EmbeddingRequest, _E),
     Operation("GET", "/v1/models", "The configured models and their state", None, _LIST, PLAIN_ERRORS),
     Operation("GET", "/models", "The configured models (unversioned path)", None, _LIST, PLAIN_ERRORS),
-    model_op("POST", "/rerank", "Rerank documents against a query (Infinity)", RerankRequest, out.RerankResponse),
+    replace(
+        model_op("POST", "/rerank", "Rerank (Infinity's or TEI's body)", RerankEitherRequest, RerankEitherResponse),
+        error=EitherError,
+    ),
     model_op("POST", "/classify", "Classify texts (Infinity)", ClassifyRequest, out.ClassifyResponse),
     model_op("POST", "/v1/rerank", "Rerank (Cohere v1)", CohereRerankRequest, out.CohereRerankResponse),
     model_op("POST", "/v2/rerank", "Rerank (Cohere v2)", CohereRerankRequest, out.CohereRerankResponse),
+    model_op("POST", "/v1/embed", "Embed (Cohere v1)", CohereEmbedRequest, CohereEmbedResponse),
+    model_op("POST", "/v2/embed", "Embed (Cohere v2; text and image inputs)", CohereEmbedRequest, CohereEmbedResponse),
+    tei_op("/embed", "Dense vectors (TEI)", tei.TeiEmbedRequest, tei.TeiEmbedResponse),
+    tei_op("/embed_sparse", "Sparse vectors (TEI)", tei.TeiEmbedRequest, tei.TeiSparseResponse),
+    tei_op("/embed_all", "Per-token vectors (TEI)", tei.TeiEmbedRequest, tei.TeiEmbedAllResponse),
+    tei_op("/predict", "Classify texts or pairs (TEI)", tei.TeiPredictRequest, tei.TeiPredictResponse),
+    tei_op("/similarity", "Sentence similarity (TEI)", tei.TeiSimilarityRequest, tei.TeiSimilarityResponse),
+    tei_op("/tokenize", "Tokens of each input (TEI)", tei.TeiTokenizeRequest, tei.TeiTokenizeResponse),
+    tei_op("/decode", "Texts of token ids (TEI)", tei.TeiDecodeRequest, tei.TeiDecodeResponse),
+    tei_op("/info", "The default model (TEI)", None, tei.TeiInfo),
+    tei_op("/", "The route of the model's kind (TEI)", tei.TeiRootRequest, tei.TeiRootResponse),
+    tei_op("/models/{name}", "The route of the named model's kind (TEI)", tei.TeiRootRequest, tei.TeiRootResponse),
+    model_op("POST", "/score", "Score text pairs (vLLM)", vllm.ScoreRequest, vllm.ScoreResponse),
+    model_op("POST", "/v1/score", "Score text pairs (vLLM)", vllm.ScoreRequest, vllm.ScoreResponse),
+    model_op("POST", "/pooling", "Pooled or per-token output (vLLM)", vllm.PoolingRequest, vllm.PoolingResponse),
     model_op("POST", "/v1/encode", "Dense, sparse and multi-vector output", EncodeRequest, out.EncodeResponse),
     model_op("POST", "/embeddings_image", "Image embeddings from URLs or data URIs", MediaEmbeddingRequest, _E),
     model_op("POST", "/embeddings_audio", "Audio embeddings from URLs or data URIs", MediaEmbeddingRequest, _E),
@@ -144,7 +182,7 @@ def _schemas(operations: tuple[Operation, ...]) -> tuple[dict[str, str], dict[st
         for model in (op.response, *(m for _, m in op.alternatives)):
             if model is not None:
                 wanted[(model, "serialization")] = None
-    wanted[(out.ErrorResponse, "serialization")] = None
+        wanted[(op.error, "serialization")] = None
     keys, definitions = models_json_schema(list(wanted), ref_template="#/components/schemas/{model}")
     refs = {f"{model.__name__}:{mode}": schema["$ref"] for (model, mode), schema in keys.items()}
     return refs, definitions.get("$defs", {})
@@ -158,7 +196,7 @@ def _content(media_type: str, ref: str | None) -> dict[str, Any]:
 
 
 def _operation(op: Operation, refs: Mapping[str, str]) -> dict[str, Any]:
-    error = refs[f"{out.ErrorResponse.__name__}:serialization"]
+    error = refs[f"{op.error.__name__}:serialization"]
     response_ref = refs[f"{op.response.__name__}:serialization"] if op.response else None
     responses: dict[str, Any] = {"200": {"description": "OK", "content": _content(op.response_type, response_ref)}}
     for status, model in op.alternatives:

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity_server.api.common import json_response
-from infinity_server.errors import error_response
+from infinity_server.errors import error_response, shape_of
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class DrainGate:
                 response = json_response({"ready": False, "draining": True}, 503, headers)
             else:
                 message = "the server is shutting down; retry the request on another replica"
-                response = error_response(503, message, code="shutting_down", headers=headers)
+                response = error_response(503, message, code="shutting_down", headers=headers, shape=shape_of(scope))
             await response(scope, receive, send)
             return
         await self._serve(scope, receive, send)
@@ -110,9 +110,9 @@ class DrainGate:
             if hasattr(task, "uncancel"):  # Python 3.11+: the cancellation was ours and is handled
                 task.uncancel()
             message = "the server shut down before this request finished; retry it on another replica"
-            await error_response(503, message, code="shutting_down", headers={"Connection": "close"})(
-                scope, receive, send
-            )
+            await error_response(
+                503, message, code="shutting_down", headers={"Connection": "close"}, shape=shape_of(scope)
+            )(scope, receive, send)
         finally:
             self.drain.leave(task)
 

@@ -7,6 +7,7 @@ async with Registry.from_config("models.yaml") as registry:
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
     BatchFailed,
+    Cancelled,
     ConfigError,
     DeadlineExceeded,
     InputTooLong,
@@ -18,31 +19,58 @@ from model_registry.errors import (
     UnknownModel,
     UnsupportedOperation,
 )
+from model_registry.handles import DeviceUsage, LifecycleEvent
+from model_registry.ranking import Classification, Ranking
 from model_registry.registry import Registry
 from model_registry.sync import SyncRegistry
-from model_registry.types import Capability, Embedding, Kind, ModelInfo, ModelState, Output, Results
+from model_registry.types import (
+    Capability,
+    Content,
+    Embedding,
+    Kind,
+    Media,
+    Modality,
+    ModelInfo,
+    ModelState,
+    Output,
+    Results,
+    Score,
+    SparseVector,
+    Text,
+)
 
 __all__ = [
     "BatchFailed",
+    "Cancelled",
     "Capability",
+    "Classification",
     "ConfigError",
+    "Content",
     "DeadlineExceeded",
+    "DeviceUsage",
     "Embedding",
     "InputTooLong",
     "InsufficientMemory",
     "InvalidInput",
     "Kind",
+    "LifecycleEvent",
+    "Media",
+    "Modality",
     "ModelInfo",
     "ModelSpec",
     "ModelState",
     "ModelUnavailable",
     "Output",
     "Overloaded",
+    "Ranking",
     "Registry",
     "RegistryConfig",
     "RegistryError",
     "Results",
+    "Score",
+    "SparseVector",
     "SyncRegistry",
+    "Text",
     "UnknownModel",
     "UnsupportedOperation",
     "load_config",

@@ -150,3 +150,34 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits - logits.max())
     out: np.ndarray = shifted / shifted.sum()
     return out
+
+
+@dataclass(frozen=True)
+class PairScores:
+    """One score per (text_1, text_2) pair, in input order, and how they were computed."""
+
+    scores: tuple[float, ...]
+    method: str
+    tokens: int
+
+
+def check_pairs(pairs: object, limit: int, max_chars: int) -> list[tuple[str, str]]:
+    """The pairs as (str, str); an empty list, a non-string or blank text is `InvalidInput`."""
+    if not isinstance(pairs, Sequence) or isinstance(pairs, str) or not pairs:
+        raise InvalidInput("pairs must be a non-empty list of (text, text)", param="input")
+    if len(pairs) > limit:
+        raise InvalidInput(f"{len(pairs)} pairs; at most {limit} are accepted per request", param="input")
+    checked = []
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, Sequence) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
+            raise InvalidInput(f"pair {i} must be two strings", param="input")
+        for text in pair:
+            if not text.strip() or len(text) > max_chars:
+                raise InvalidInput(f"pair {i} has an empty text or one over {max_chars:,} characters", param="input")
+        checked.append((pair[0], pair[1]))
+    return checked
+
+
+def embedding_pair_scores(method: str, pairs: Sequence[tuple[str, str]], embedded: dict[str, Result]) -> list[float]:
+    """Each pair's score from the embeddings of its two texts (cosine, MaxSim or sparse dot)."""
+    return [embedding_scores(method, embedded[a], [embedded[b]], mean_maxsim=False)[0] for a, b in pairs]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from model_registry.adapters import Adapter
+from model_registry.adapters.text import TextTokenizer
 from model_registry.batching import Request
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
@@ -32,9 +33,12 @@ from model_registry.lifecycle import Lifecycle
 from model_registry.ranking import (
     CROSS_ENCODER,
     Classification,
+    PairScores,
     Ranking,
+    check_pairs,
     check_rerank_input,
     classification,
+    embedding_pair_scores,
     embedding_scores,
     method_output,
     pair_scores,
@@ -56,6 +60,7 @@ from model_registry.types import (
     PairItem,
     Results,
     Text,
+    Token,
     TokenIds,
 )
 from model_registry.worker import BatchStats
@@ -78,6 +83,7 @@ class Registry:
         self._lifecycle = Lifecycle(config, self._handles, on_batch=on_batch, on_event=on_event)
         self._pool: ThreadPoolExecutor | None = None
         self._started = False
+        self._from_files: dict[str, tuple[Kind, frozenset[Capability]]] = {}
 
     @classmethod
     def from_config(cls, source: str | Path | RegistryConfig | Mapping[str, Any], **kwargs: Any) -> Registry:
@@ -137,10 +143,11 @@ class Registry:
     def info(self, name: str) -> ModelInfo:
         handle = self._handle(name)
         adapter = handle.adapter
+        kind, capabilities = (adapter.kind, adapter.capabilities) if adapter else self._kind_from_files(handle.spec)
         return ModelInfo(
             name=name,
-            kind=adapter.kind if adapter else self._declared_kind(handle.spec),
-            capabilities=adapter.capabilities if adapter else frozenset(),
+            kind=kind,
+            capabilities=capabilities,
             backend=adapter.backend if adapter else handle.spec.backend,
             device=getattr(adapter, "device", handle.spec.device) if adapter else handle.spec.device,
             dtype=str(getattr(adapter, "dtype", handle.spec.dtype)).removeprefix("torch.")
@@ -161,9 +168,18 @@ class Registry:
     def infos(self) -> list[ModelInfo]:
         return [self.info(name) for name in self._handles]
 
-    @staticmethod
-    def _declared_kind(spec: ModelSpec) -> Kind:
-        return spec.kind if isinstance(spec.kind, Kind) else Kind.DENSE
+    def _kind_from_files(self, spec: ModelSpec) -> tuple[Kind, frozenset[Capability]]:
+        """What a model that is not loaded is, from its configuration or its files (read once)."""
+        if spec.name not in self._from_files:
+            from model_registry.adapters import capabilities_of_kind, detect_kind
+
+            try:
+                kind = spec.kind if isinstance(spec.kind, Kind) else detect_kind(spec)
+            except Exception:  # an unreadable model says why when it loads; here it stays unknown
+                log.debug("cannot detect the kind of '%s' from its files", spec.name, exc_info=True)
+                return Kind.DENSE, frozenset()
+            self._from_files[spec.name] = (kind, capabilities_of_kind(kind))
+        return self._from_files[spec.name]
 
     def _handle(self, name: str) -> ModelHandle:
         handle = self._handles.get(name)
@@ -210,19 +226,30 @@ class Registry:
         outputs: Sequence[Output | str] = (Output.DENSE,),
         prompt_name: str | None = None,
         prompt: str | None = None,
+        role: str | None = None,
         truncate: bool | None = None,
+        truncation_direction: str = "right",
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Results:
-        """Embed texts (or token-id lists, or media) with `model`; one result per input, in order."""
+        """Embed texts (or token-id lists, or media) with `model`; one result per input, in order.
+
+        `role` ("query", "document", "classification"...) names a prompt used only when the model
+        has it ("document" falls back to "passage"), as rerank does; `prompt_name` must exist.
+        `truncation_direction` "left" cuts over-long texts at their start (dense, sparse, BGE-M3).
+        """
         handle = self._handle(model)
         contents = self._contents(inputs)
         adapter = await self._ensure_loaded(handle)
         wanted = frozenset(Output(o) for o in outputs)
         self._require_outputs(handle, adapter, contents, wanted)
+        if prompt_name is None and prompt is None and role is not None:
+            prompt = adapter.prompts.get(role, adapter.prompts.get("passage") if role == "document" else None)
         text_prompt = self._prompt(adapter, prompt_name, prompt)
         cut = handle.spec.truncate if truncate is None else truncate
-        items = [EmbedItem(c, wanted, text_prompt, prompt_name == "query", cut) for c in contents]
+        is_query = (prompt_name or role) == "query"
+        left = self._left(adapter, model, truncation_direction)
+        items = [EmbedItem(c, wanted, text_prompt, is_query, cut, left) for c in contents]
         return await self.run(model, items, priority=priority, timeout=timeout)
 
     async def run(
@@ -331,6 +358,30 @@ class Registry:
                 param="model",
             )
 
+    async def _fit_left(
+        self, adapter: Adapter, model: str, texts: Sequence[str], queries: Sequence[str] | None
+    ) -> list[str]:
+        """Texts (documents of pairs, or classified texts) cut at their start to fit, on the pool."""
+        tokenizer = self._text_tokenizer(adapter, model)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, tokenizer.fit_left, texts, queries)
+
+    @staticmethod
+    def _left(adapter: Adapter, model: str, direction: str, *, pairs: bool = False) -> bool:
+        """Whether to cut at the start; pair and classify inputs are cut here, before the adapter."""
+        sides: tuple[str, ...] = ("right", "left") if pairs else getattr(adapter, "truncation_sides", ("right",))
+        if direction not in ("left", "right"):
+            raise InvalidInput(
+                f"truncation_direction must be left or right, got '{direction}'", param="truncation_direction"
+            )
+        if direction not in sides:
+            raise UnsupportedOperation(
+                f"the model '{model}' cuts over-long texts only on the {' or '.join(sides)}; "
+                f"truncation_direction '{direction}' is not available for it",
+                param="truncation_direction",
+            )
+        return direction == "left"
+
     @staticmethod
     def _prompt(adapter: Adapter, prompt_name: str | None, prompt: str | None) -> str:
         if prompt is not None:
@@ -380,6 +431,8 @@ class Registry:
         top_n: int | None = None,
         raw_scores: bool = False,
         truncate: bool | None = None,
+        truncation_direction: str = "right",
+        max_tokens_per_doc: int | None = None,
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Ranking:
@@ -387,6 +440,8 @@ class Registry:
 
         A cross-encoder applies its activation (sigmoid) unless `raw_scores`; embedding models
         score by MaxSim, sparse dot product or cosine, which have no activation to skip.
+        `max_tokens_per_doc` scores only each document's first tokens (results keep the whole text);
+        `truncation_direction` "left" cuts an over-long document at its start (the query stays whole).
         """
         handle = self._handle(model)
         limits = self.config
@@ -394,15 +449,23 @@ class Registry:
         adapter = await self._ensure_loaded(handle)
         method = rerank_method(adapter.capabilities, model)
         cut = handle.spec.truncate if truncate is None else truncate
+        scored = docs
+        if max_tokens_per_doc is not None:
+            tokenizer = self._text_tokenizer(adapter, model)
+            loop = asyncio.get_running_loop()
+            scored = await loop.run_in_executor(self._pool, tokenizer.first_tokens, docs, max_tokens_per_doc)
         if method == CROSS_ENCODER:
-            pairs = [PairItem(query, d, cut) for d in docs]
+            if cut and self._left(adapter, model, truncation_direction, pairs=True):
+                scored = await self._fit_left(adapter, model, scored, [query] * len(scored))
+            pairs = [PairItem(query, d, cut) for d in scored]
             results = await self.run(model, pairs, priority=priority, timeout=timeout)
             return ranking(docs, pair_scores(results.items, raw_scores), top_n, method, results.tokens)
         wanted = frozenset({method_output(method)})
         prompts = adapter.prompts
-        query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut)
+        left = self._left(adapter, model, truncation_direction)
+        query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut, left)
         doc_prompt = prompts.get("document", prompts.get("passage", ""))
-        items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut) for d in docs)]
+        items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut, left) for d in scored)]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it.
         scores = embedding_scores(
@@ -417,6 +480,7 @@ class Registry:
         *,
         raw_scores: bool = False,
         truncate: bool | None = None,
+        truncation_direction: str = "right",
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Classification:
@@ -432,6 +496,82 @@ class Registry:
                 f"the model '{model}' cannot classify; its capabilities are: {have}", param="model"
             )
         cut = handle.spec.truncate if truncate is None else truncate
-        items = [ClassifyItem(c.text, cut) for c in contents if isinstance(c, Text)]
+        texts = [c.text for c in contents if isinstance(c, Text)]
+        if cut and self._left(adapter, model, truncation_direction, pairs=True):
+            texts = await self._fit_left(adapter, model, texts, None)
+        items = [ClassifyItem(t, cut) for t in texts]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         return classification(results.items, raw_scores, results.tokens)
+
+    async def score(
+        self,
+        model: str,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        raw_scores: bool = False,
+        truncate: bool | None = None,
+        truncation_direction: str = "right",
+        priority: int | None = None,
+        timeout: float | None = None,
+    ) -> PairScores:
+        """A relevance score per (text_1, text_2) pair, in input order.
+
+        A cross-encoder reads each pair (its activation applied unless `raw_scores`); an embedding
+        model embeds each distinct text once, without prompts, and scores the pair by cosine
+        (MaxSim for multi-vector models, dot product for sparse ones).
+        """
+        handle = self._handle(model)
+        checked = check_pairs(pairs, self.config.max_inputs_per_request, self.config.max_input_chars)
+        adapter = await self._ensure_loaded(handle)
+        method = rerank_method(adapter.capabilities, model)
+        cut = handle.spec.truncate if truncate is None else truncate
+        if method == CROSS_ENCODER:
+            if cut and self._left(adapter, model, truncation_direction, pairs=True):
+                seconds = await self._fit_left(adapter, model, [b for _, b in checked], [a for a, _ in checked])
+                checked = [(a, b) for (a, _), b in zip(checked, seconds, strict=True)]
+            results = await self.run(
+                model, [PairItem(a, b, cut) for a, b in checked], priority=priority, timeout=timeout
+            )
+            return PairScores(tuple(pair_scores(results.items, raw_scores)), method, results.tokens)
+        texts = list(dict.fromkeys(t for pair in checked for t in pair))
+        wanted = frozenset({method_output(method)})
+        left = self._left(adapter, model, truncation_direction)
+        items = [EmbedItem(Text(t), wanted, "", False, cut, left) for t in texts]
+        results = await self.run(model, items, priority=priority, timeout=timeout)
+        embedded = dict(zip(texts, results.items, strict=True))
+        return PairScores(tuple(embedding_pair_scores(method, checked, embedded)), method, results.tokens)
+
+    # ---- tokens --------------------------------------------------------------------------------
+
+    async def tokenize(
+        self, model: str, texts: Sequence[str], *, add_special_tokens: bool = True, prompt_name: str | None = None
+    ) -> list[list[Token]]:
+        """Each text's tokens as `model` reads them (its prompt first when `prompt_name` is given)."""
+        contents = self._contents(texts)
+        if not all(isinstance(c, Text) for c in contents):
+            raise InvalidInput("tokenize takes texts", param="inputs")
+        adapter = await self._ensure_loaded(self._handle(model))
+        tokenizer = self._text_tokenizer(adapter, model)
+        prompt = self._prompt(adapter, prompt_name, None) if prompt_name else ""
+        prompted = [prompt + c.text for c in contents if isinstance(c, Text)]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool, lambda: tokenizer.tokens(prompted, add_special_tokens=add_special_tokens)
+        )
+
+    async def decode(self, model: str, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
+        """Token ids back to text with `model`'s tokenizer; ids outside its vocabulary are `InvalidInput`."""
+        self._contents(ids)
+        adapter = await self._ensure_loaded(self._handle(model))
+        tokenizer = self._text_tokenizer(adapter, model)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool, lambda: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        )
+
+    @staticmethod
+    def _text_tokenizer(adapter: Adapter, model: str) -> TextTokenizer:
+        tokenizer = getattr(adapter, "tokenizer", None)
+        if not isinstance(tokenizer, TextTokenizer):
+            raise UnsupportedOperation(f"the model '{model}' has no text tokenizer to show", param="model")
+        return tokenizer

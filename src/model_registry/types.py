@@ -96,13 +96,18 @@ Content: TypeAlias = Text | TokenIds | Media
 
 @dataclass(frozen=True, slots=True)
 class EmbedItem:
-    """One input to embed. `prompt` is the literal text put before a text input."""
+    """One input to embed. `prompt` is the literal text put before a text input.
+
+    `truncate_left` cuts an over-long text at its start instead of its end (the prompt and the
+    special tokens are kept), for adapters whose `truncation_sides` include "left".
+    """
 
     content: Content
     outputs: frozenset[Output] = frozenset({Output.DENSE})
     prompt: str = ""
     is_query: bool = False
     truncate: bool = True
+    truncate_left: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +171,17 @@ class Labels:
 
 
 Result: TypeAlias = Embedding | Score | Labels
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One token of a tokenized text: its id, its text, and its character span (None for specials)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
 
 
 @dataclass(frozen=True, slots=True)

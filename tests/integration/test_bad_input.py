@@ -49,7 +49,7 @@ CASES: list[tuple[str, Any, int, str]] = [
         400,
         "input_too_long",
     ),
-    ("dimensions 0", {"model": MODEL, "input": ["a"], "dimensions": 0}, 400, "invalid_input"),
+    ("dimensions negative", {"model": MODEL, "input": ["a"], "dimensions": -1}, 400, "invalid_input"),
     ("dimensions too large", {"model": MODEL, "input": ["a"], "dimensions": 385}, 400, "invalid_input"),
     ("unknown prompt name", {"model": MODEL, "input": ["a"], "prompt_name": "query"}, 400, "invalid_input"),
 ]

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import threading
 
 import numpy as np
 import pytest
 
-from infinity_server.encoding import encode_vectors, quantization_ranges, quantize
+from infinity_server.encoding import (
+    OFF_LOOP_NUMBERS,
+    dense_vectors,
+    dump_json,
+    encode_vectors,
+    quantization_ranges,
+    quantize,
+)
+from model_registry import Embedding, InvalidInput, Results
 
 
 @pytest.fixture
@@ -48,3 +58,37 @@ def test_base64_is_little_endian_bytes(vectors: np.ndarray) -> None:
     assert base64.b64decode(packed) == np.packbits(vectors[0] > 0).tobytes()
     (floats,) = encode_vectors([vectors], "float32", "base64")
     np.testing.assert_array_equal(np.frombuffer(base64.b64decode(floats), "<f4").reshape(vectors.shape), vectors)
+
+
+def _results(matrix: np.ndarray) -> Results:
+    return Results(tuple(Embedding(dense=row) for row in matrix), tokens=0)
+
+
+def test_dense_vectors_cut_normalise_and_leave_alone(vectors: np.ndarray) -> None:
+    scaled = vectors * 3.0
+    results = _results(scaled)
+    np.testing.assert_array_equal(np.stack(dense_vectors(results)), scaled)
+    unit = np.stack(dense_vectors(results, normalize=True))
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
+    cut = np.stack(dense_vectors(results, 5))
+    np.testing.assert_allclose(cut, vectors[:, :5] / np.linalg.norm(vectors[:, :5], axis=1, keepdims=True), atol=1e-6)
+    with pytest.raises(InvalidInput, match="output_dimension must be between 1 and 20"):
+        dense_vectors(results, 21, param="output_dimension")
+
+
+def test_large_responses_are_written_off_the_event_loop() -> None:
+    loop_thread: list[int] = []
+
+    def build() -> list[int]:
+        loop_thread.append(threading.get_ident())
+        return [1, 2, 3]
+
+    async def main() -> tuple[bytes, bytes]:
+        small = await dump_json(build, OFF_LOOP_NUMBERS)
+        large = await dump_json(build, OFF_LOOP_NUMBERS + 1)
+        return small, large
+
+    small, large = asyncio.run(main())
+    assert small == large == b"[1,2,3]"
+    assert loop_thread[0] == threading.get_ident()  # asyncio.run runs the loop on this thread
+    assert loop_thread[1] != threading.get_ident()

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from infinity_server.api.common import json_response, registry_of
 from infinity_server.api.openai import model_entry
-from model_registry.handles import LifecycleEvent
+from model_registry import LifecycleEvent
 
 _RECENT_EVENTS = 200
 

@@ -1,22 +1,24 @@
-"""What every route shares: body parsing, fast JSON responses, disconnect-aware execution."""
+"""What every route shares: body parsing, fast JSON responses, disconnect-aware execution, media inputs."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import numpy as np
 import orjson
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity_server.auth import check_priority
+from infinity_server.encoding import dump_json
 from infinity_server.errors import HTTPError
-from model_registry import Registry
-from model_registry.errors import Cancelled
+from infinity_server.media import FetchPolicy, MediaFetcher
+from infinity_server.media_limits import FetchGate
+from infinity_server.settings import ServerSettings
+from model_registry import Cancelled, Media, Modality, Registry
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -30,7 +32,16 @@ def registry_of(request: Request) -> Registry:
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The JSON body validated into `model`; malformed JSON or a wrong shape is a 422."""
+    """The JSON body validated into `model`; malformed JSON or a wrong shape is a 422, a priority
+    above the default without the right to raise it a 403."""
+    parsed = model.model_validate(await read_object(request))
+    allowed = request.app.state.settings.server.allow_client_priority
+    check_priority(request.scope, getattr(parsed, "priority", None), allowed)
+    return parsed
+
+
+async def read_object(request: Request) -> dict[str, Any]:
+    """The JSON object in the body; an empty body, malformed JSON or another JSON value is a 422."""
     body = await request.body()
     if not body:
         raise HTTPError(422, "the request body is empty; a JSON object is expected", code="invalid_body")
@@ -40,10 +51,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise HTTPError(422, f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise HTTPError(422, "the request body must be a JSON object", code="invalid_body")
-    parsed = model.model_validate(data)
-    allowed = request.app.state.settings.server.allow_client_priority
-    check_priority(request.scope, getattr(parsed, "priority", None), allowed)
-    return parsed
+    return data
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -51,11 +59,51 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(content, option=_JSON_OPTIONS), status, headers, media_type="application/json")
 
 
-def encode_vector(vector: np.ndarray, encoding_format: str) -> Any:
-    """float32 as a JSON array, or base64 of little-endian float32 bytes."""
-    if encoding_format == "base64":
-        return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return vector
+async def vectors_response(build: Callable[[], Any], numbers: int) -> Response:
+    """A JSON response built by `build`, written off the event loop when it holds many numbers."""
+    return Response(await dump_json(build, numbers), media_type="application/json")
+
+
+def fetcher_of(request: Request) -> MediaFetcher:
+    """A fetcher for this request, sharing the server's fetch slots and byte budget."""
+    server: ServerSettings = request.app.state.settings.server
+    policy = FetchPolicy(
+        allow_private=server.media_allow_private,
+        allowed_hosts=frozenset(h.lower() for h in server.media_allowed_hosts),
+        max_bytes=server.media_max_bytes,
+        timeout=server.media_fetch_timeout,
+        max_redirects=server.media_max_redirects,
+        max_urls=server.media_max_urls_per_request,
+        concurrency=server.media_fetch_concurrency,
+        max_inputs=request.app.state.registry.config.max_inputs_per_request,
+    )
+    state = request.app.state
+    if getattr(state, "fetch_gate", None) is None:
+        state.fetch_gate = FetchGate(server.media_max_fetches, server.media_max_bytes_in_flight)
+    return MediaFetcher(policy, gate=state.fetch_gate)
+
+
+@asynccontextmanager
+async def fetched_media(
+    request: Request, model: str, values: Sequence[str], modality: Modality
+) -> AsyncIterator[list[Media]]:
+    """URLs or data URIs as media, their bytes counted against the server's budget until the block
+    ends (hold it around the engine call); an unknown model is a 404 before anything is fetched."""
+    registry_of(request).info(model)
+    async with fetcher_of(request).loaded(list(values), modality) as media:
+        yield media
+
+
+@asynccontextmanager
+async def engine_inputs(
+    request: Request, model: str, modality: str, texts: Any, media: Callable[[], Sequence[str]]
+) -> AsyncIterator[Any]:
+    """`texts` for text, else the fetched `media()` values, held as `fetched_media` holds them."""
+    if modality == "text":
+        yield texts
+        return
+    async with fetched_media(request, model, media(), Modality(modality)) as fetched:
+        yield fetched
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:

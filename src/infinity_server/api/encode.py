@@ -3,38 +3,23 @@
 - dense: a vector per input, as floats or base64, in any embedding type;
 - sparse: `{indices, values}` over the vocabulary (and `tokens` when `return_tokens`);
 - multivector: a list of token vectors per input, or `{data, shape, dtype}` with base64 data.
+
+Inputs are texts, or with `modality: image | audio` URLs or data URIs, so a JSON client gets
+ColPali page multi-vectors without a multipart upload.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from infinity_server.api.common import json_response, parse_body, registry_of, until_disconnected
-from infinity_server.encoding import encode_vectors
+from infinity_server.api.common import engine_inputs, parse_body, registry_of, until_disconnected, vectors_response
+from infinity_server.encoding import column, encode_vectors, numbers_in, sparse_entry
 from infinity_server.schemas.encode import EncodeRequest
-from model_registry.types import Embedding, Results, SparseVector
-
-
-def sparse_entry(vector: SparseVector, with_tokens: bool) -> dict[str, Any]:
-    entry: dict[str, Any] = {"indices": np.asarray(vector.indices, dtype=np.int64), "values": vector.values}
-    if with_tokens:
-        entry["tokens"] = list(vector.tokens or ())
-    return entry
-
-
-def _column(results: Results, name: str) -> list[Any]:
-    column = []
-    for result in results.items:
-        value = getattr(result, name) if isinstance(result, Embedding) else None
-        if value is None:
-            raise TypeError(f"This is a bug: the model returned no {name} output")
-        column.append(value)
-    return column
+from model_registry import Results
 
 
 def encoded_outputs(body: EncodeRequest, results: Results) -> list[dict[str, Any]]:
@@ -42,13 +27,13 @@ def encoded_outputs(body: EncodeRequest, results: Results) -> list[dict[str, Any
     entries: list[dict[str, Any]] = [{"object": "encoding", "index": i} for i in range(len(results.items))]
     kind, fmt = body.embedding_type, body.encoding_format
     if "dense" in body.outputs:
-        for entry, vector in zip(entries, encode_vectors(_column(results, "dense"), kind, fmt), strict=True):
+        for entry, vector in zip(entries, encode_vectors(column(results, "dense"), kind, fmt), strict=True):
             entry["dense"] = vector
     if "sparse" in body.outputs:
-        for entry, sparse in zip(entries, _column(results, "sparse"), strict=True):
+        for entry, sparse in zip(entries, column(results, "sparse"), strict=True):
             entry["sparse"] = sparse_entry(sparse, body.return_tokens)
     if "multivector" in body.outputs:
-        matrices = _column(results, "multivector")
+        matrices = column(results, "multivector")
         for entry, matrix, data in zip(entries, matrices, encode_vectors(matrices, kind, fmt), strict=True):
             if fmt == "base64":
                 entry["multivector"] = {"data": data, "shape": list(matrix.shape), "dtype": _wire_dtype(kind)}
@@ -63,20 +48,20 @@ def _wire_dtype(embedding_type: str) -> str:
 
 async def encode(request: Request) -> Response:
     body = await parse_body(request, EncodeRequest)
-    results = await until_disconnected(
-        request,
-        registry_of(request).embed(
+    async with engine_inputs(request, body.model, body.modality, body.texts(), body.media_inputs) as inputs:
+        work = registry_of(request).embed(
             body.model,
-            body.texts(),
+            inputs,
             outputs=body.outputs,
             prompt_name=body.prompt_name,
             truncate=body.truncate,
             priority=body.priority,
-        ),
-    )
+        )
+        results = await until_disconnected(request, work)
     usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-    return json_response(
-        {"object": "list", "model": body.model, "data": encoded_outputs(body, results), "usage": usage}
+    return await vectors_response(
+        lambda: {"object": "list", "model": body.model, "data": encoded_outputs(body, results), "usage": usage},
+        numbers_in(results),
     )
 
 

@@ -12,7 +12,7 @@ from starlette.routing import Route
 
 from infinity_server.api.common import json_response, parse_body, registry_of, until_disconnected
 from infinity_server.schemas.infinity import ClassifyRequest, RerankRequest
-from model_registry.ranking import Ranking
+from model_registry import Ranking
 
 
 def ranking_results(ranking: Ranking, return_documents: bool) -> list[dict[str, Any]]:
@@ -75,6 +75,6 @@ async def classify(request: Request) -> Response:
 
 
 routes = [
-    Route("/rerank", rerank, methods=["POST"]),
+    # POST /rerank is served by the TEI module, which tells the two shapes apart by the body.
     Route("/classify", classify, methods=["POST"]),
 ]

@@ -14,85 +14,38 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from infinity_server.api.common import encode_vector, json_response, parse_body, registry_of, until_disconnected
-from infinity_server.api.openai import dense_matrix, matryoshka
+from infinity_server.api.common import (
+    fetched_media,
+    json_response,
+    parse_body,
+    registry_of,
+    until_disconnected,
+    vectors_response,
+)
+from infinity_server.api.openai import embedding_list
+from infinity_server.encoding import column, encode_vectors, numbers_in
 from infinity_server.errors import HTTPError
-from infinity_server.media import FetchPolicy, MediaFetcher
-from infinity_server.media_limits import FetchGate
 from infinity_server.schemas.media import MediaEmbeddingRequest, MediaRerankRequest
-from infinity_server.schemas.openai import EmbeddingRequest
 from infinity_server.settings import ServerSettings
-from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.types import Content, Embedding, Media, Modality, Output, Results, Score, Text
+from model_registry import Content, InvalidInput, Media, Modality, Output, Results, Score, Text
 
 _MAX_FORM_FIELDS = 64
-
-
-def fetcher_of(request: Request) -> MediaFetcher:
-    """A fetcher for this request, sharing the server's fetch slots and byte budget."""
-    server: ServerSettings = request.app.state.settings.server
-    policy = FetchPolicy(
-        allow_private=server.media_allow_private,
-        allowed_hosts=frozenset(h.lower() for h in server.media_allowed_hosts),
-        max_bytes=server.media_max_bytes,
-        timeout=server.media_fetch_timeout,
-        max_redirects=server.media_max_redirects,
-        max_urls=server.media_max_urls_per_request,
-        concurrency=server.media_fetch_concurrency,
-        max_inputs=request.app.state.registry.config.max_inputs_per_request,
-    )
-    state = request.app.state
-    if getattr(state, "fetch_gate", None) is None:
-        state.fetch_gate = FetchGate(server.media_max_fetches, server.media_max_bytes_in_flight)
-    return MediaFetcher(policy, gate=state.fetch_gate)
-
-
-def _texts(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return value
-    raise InvalidInput("image and audio inputs must be URLs or data URIs (strings), not token ids", param="input")
-
-
-def embedding_list(model: str, results: Results, encoding_format: str, dimensions: int | None) -> Response:
-    """The OpenAI list shape: one dense vector per input (cut to `dimensions` if asked)."""
-    vectors = dense_matrix(results)
-    vectors = matryoshka(vectors, dimensions, vectors.shape[1])
-    data = [
-        {"object": "embedding", "embedding": encode_vector(row, encoding_format), "index": i}
-        for i, row in enumerate(vectors)
-    ]
-    usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-    return json_response({"object": "list", "data": data, "model": model, "usage": usage})
-
-
-async def _embed_urls(
-    request: Request, model: str, values: list[str], modality: Modality, priority: int | None
-) -> Results:
-    registry = registry_of(request)
-    registry.info(model)  # an unknown model is a 404 before anything is fetched
-    async with fetcher_of(request).loaded(values, modality) as media:
-        return await until_disconnected(request, registry.embed(model, media, priority=priority))
-
-
-async def embed_media(request: Request, body: EmbeddingRequest) -> Response:
-    """`/v1/embeddings` and `/embeddings` with `modality: image | audio`."""
-    results = await _embed_urls(request, body.model, _texts(body.input), Modality(body.modality), body.priority)
-    return embedding_list(body.model, results, body.encoding_format, body.dimensions)
 
 
 def _infinity_route(modality: Modality) -> Any:
     async def route(request: Request) -> Response:
         body = await parse_body(request, MediaEmbeddingRequest)
-        results = await _embed_urls(request, body.model, body.inputs(), modality, body.priority)
-        return embedding_list(body.model, results, body.encoding_format, body.dimensions)
+        async with fetched_media(request, body.model, body.inputs(), modality) as media:
+            work = registry_of(request).embed(body.model, media, priority=body.priority)
+            results = await until_disconnected(request, work)
+        return await vectors_response(
+            lambda: embedding_list(body.model, results, body.encoding_format, body.dimensions), numbers_in(results)
+        )
 
     route.__name__ = f"embeddings_{modality.value}"
     return route
@@ -156,16 +109,15 @@ async def uploaded_contents(form: FormData, limit: int, declared: str | None) ->
     return contents
 
 
-def _multivector_list(model: str, results: Results, encoding_format: str) -> Response:
-    data = []
-    for i, result in enumerate(results.items):
-        if not isinstance(result, Embedding) or result.multivector is None:
-            raise UnsupportedOperation("This is a bug: the model returned no multi-vector")
-        vectors = result.multivector
-        entry = {"object": "embedding", "embedding": encode_vector(vectors, encoding_format), "index": i}
-        data.append({**entry, "shape": list(vectors.shape)})
+def _multivector_list(model: str, results: Results, encoding_format: str) -> dict[str, Any]:
+    matrices = column(results, "multivector")
+    encoded = encode_vectors(matrices, "float32", encoding_format)
+    data = [
+        {"object": "embedding", "embedding": e, "index": i, "shape": list(m.shape)}
+        for i, (m, e) in enumerate(zip(matrices, encoded, strict=True))
+    ]
     usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-    return json_response({"object": "list", "data": data, "model": model, "usage": usage})
+    return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
 async def upload(request: Request) -> Response:
@@ -182,9 +134,10 @@ async def upload(request: Request) -> Response:
         results = await until_disconnected(request, registry.embed(model, contents, outputs=(output,)))
     finally:
         await form.close()
+    dimensions = number(form, "dimensions")
     if output == Output.MULTIVECTOR:
-        return _multivector_list(model, results, encoding)
-    return embedding_list(model, results, encoding, number(form, "dimensions"))
+        return await vectors_response(lambda: _multivector_list(model, results, encoding), numbers_in(results))
+    return await vectors_response(lambda: embedding_list(model, results, encoding, dimensions), numbers_in(results))
 
 
 def number(form: FormData, name: str) -> int | None:
@@ -208,11 +161,11 @@ def _choice(form: FormData, name: str, accepted: Sequence[str]) -> str:
 
 
 def rerank_response(model: str, results: Results, top_n: int | None, documents: Sequence[str] | None) -> Response:
-    scores = np.array([r.value if isinstance(r, Score) else np.nan for r in results.items], dtype=np.float64)
-    order = np.argsort(-scores, kind="stable")[: top_n or len(scores)]
+    scores = [r.value if isinstance(r, Score) else float("-inf") for r in results.items]
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: top_n or len(scores)]
     ranked = []
-    for i in order.tolist():
-        entry: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+    for i in order:
+        entry: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
         if documents is not None:
             entry["document"] = documents[i]
         ranked.append(entry)
@@ -223,8 +176,7 @@ def rerank_response(model: str, results: Results, top_n: int | None, documents: 
 async def rerank_images(request: Request) -> Response:
     body = await parse_body(request, MediaRerankRequest)
     registry = registry_of(request)
-    registry.info(body.model)
-    async with fetcher_of(request).loaded(body.documents, Modality.IMAGE) as media:
+    async with fetched_media(request, body.model, body.documents, Modality.IMAGE) as media:
         work = registry.rerank_media(body.model, body.query, media, priority=body.priority)
         results = await until_disconnected(request, work)
     return rerank_response(body.model, results, body.top_n, body.documents if body.return_documents else None)

@@ -1,70 +1,55 @@
-"""The OpenAI dialect: `POST /v1/embeddings`, `GET /v1/models` (and their unversioned twins)."""
+"""The OpenAI dialect: `POST /v1/embeddings`, `GET /v1/models` (and their unversioned twins).
+
+`modality: image | audio` (Infinity's field) takes URLs or data URIs instead of texts.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from infinity_server.api.common import json_response, parse_body, registry_of, until_disconnected
-from infinity_server.encoding import encode_vectors
+from infinity_server.api.common import (
+    engine_inputs,
+    json_response,
+    parse_body,
+    registry_of,
+    until_disconnected,
+    vectors_response,
+)
+from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
 from infinity_server.schemas.openai import EmbeddingRequest
-from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.types import Embedding, ModelInfo, Results
+from model_registry import ModelInfo, Results
 
 _CREATED = int(time.time())
 
 
-def matryoshka(vectors: np.ndarray, dimensions: int | None, width: int) -> np.ndarray:
-    """Keep the first `dimensions` components and re-normalise each row."""
-    if dimensions is None:
-        return vectors
-    if not 1 <= dimensions <= width:
-        raise InvalidInput(
-            f"dimensions must be between 1 and {width} for this model, got {dimensions}", param="dimensions"
-        )
-    cut = vectors[:, :dimensions]
-    norms = np.linalg.norm(cut, axis=1, keepdims=True)
-    normalised: np.ndarray = (cut / np.maximum(norms, 1e-12)).astype(np.float32)
-    return normalised
-
-
-def dense_matrix(results: Results) -> np.ndarray:
-    rows = []
-    for result in results.items:
-        if not isinstance(result, Embedding) or result.dense is None:
-            raise UnsupportedOperation("This is a bug: the model returned no dense vector")
-        rows.append(result.dense)
-    return np.stack(rows)
+def embedding_list(
+    model: str, results: Results, encoding_format: str, dimensions: int | None, embedding_type: str = "float32"
+) -> dict[str, Any]:
+    """The OpenAI list shape: one dense vector per input (cut to `dimensions` if asked)."""
+    encoded = encode_vectors(dense_vectors(results, dimensions), embedding_type, encoding_format)
+    data = [{"object": "embedding", "embedding": row, "index": i} for i, row in enumerate(encoded)]
+    usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
 async def embeddings(request: Request) -> Response:
     body = await parse_body(request, EmbeddingRequest)
     registry = registry_of(request)
-    if body.modality != "text":
-        from infinity_server.api.media import embed_media  # the media module builds on this one
+    async with engine_inputs(request, body.model, body.modality, body.inputs(), body.media_inputs) as inputs:
+        work = registry.embed(
+            body.model, inputs, prompt_name=body.prompt_name, truncate=body.truncate, priority=body.priority
+        )
+        results = await until_disconnected(request, work)
 
-        return await embed_media(request, body)
-    results = await until_disconnected(
-        request,
-        registry.embed(
-            body.model,
-            body.inputs(),
-            prompt_name=body.prompt_name,
-            truncate=body.truncate,
-            priority=body.priority,
-        ),
+    return await vectors_response(
+        lambda: embedding_list(body.model, results, body.encoding_format, body.dimensions, body.embedding_type),
+        numbers_in(results),
     )
-    vectors = dense_matrix(results)
-    vectors = matryoshka(vectors, body.dimensions, vectors.shape[1])
-    encoded = encode_vectors(list(vectors), body.embedding_type, body.encoding_format)
-    data = [{"object": "embedding", "embedding": row, "index": i} for i, row in enumerate(encoded)]
-    usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-    return json_response({"object": "list", "data": data, "model": body.model, "usage": usage})
 
 
 def model_entry(info: ModelInfo) -> dict[str, Any]:

@@ -1,30 +1,26 @@
-"""Wire models of Cohere's `POST /v1/rerank` and `POST /v2/rerank`."""
+"""Wire models of Cohere's rerank (`/v1/rerank`, `/v2/rerank`) and embed (`/v1/embed`, `/v2/embed`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from model_registry.errors import InvalidInput
+from infinity_server.schemas.common import ModelOptions, Priority
+from model_registry import InvalidInput
 
 
-class CohereRerankRequest(BaseModel):
+class CohereRerankRequest(ModelOptions):
     """Documents are strings or objects with a `text` field."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    model: StrictStr
     query: StrictStr
     documents: list[Any]
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool | None = None
-    # Accepted for compatibility: documents are cut to the model's own limit, whatever is asked.
+    # Each document is scored on its first tokens only (the answer keeps the whole text).
     max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1)
     # Extensions.
     raw_scores: StrictBool = False
-    truncate: StrictBool | None = None
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
 
     def texts(self) -> list[str]:
         """The documents as strings; anything but a string or `{text: string}` is `InvalidInput`."""
@@ -39,3 +35,76 @@ class CohereRerankRequest(BaseModel):
                     f"document {i} must be a string or an object with a string 'text' field", param="documents"
                 )
         return texts
+
+
+CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+InputType = Literal["search_document", "search_query", "classification", "clustering", "image"]
+
+#: Cohere's input_type -> the model prompt used when the model has one (see docs/dialects/cohere.md).
+ROLES: dict[str, str | None] = {
+    "search_query": "query",
+    "search_document": "document",
+    "classification": "classification",
+    "clustering": "clustering",
+    "image": None,
+}
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    type: Literal["text"]
+    text: Annotated[StrictStr, Field(min_length=1)]
+
+
+class ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    url: StrictStr
+
+
+class ImagePart(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class EmbedInput(BaseModel):
+    """One v2 input: its text parts are joined into one text, or it is exactly one image."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    content: Annotated[list[Annotated[TextPart | ImagePart, Field(discriminator="type")]], Field(min_length=1)]
+
+
+class CohereEmbedRequest(BaseModel):
+    """`POST /v1/embed` and `POST /v2/embed`: `texts`, `images` (data URIs) or v2 `inputs`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: StrictStr
+    texts: list[StrictStr] | None = None
+    images: list[StrictStr] | None = None
+    inputs: list[EmbedInput] | None = None
+    input_type: InputType | None = None
+    embedding_types: Annotated[list[CohereEmbeddingType], Field(min_length=1)] | None = None
+    output_dimension: StrictInt | None = None
+    truncate: Literal["NONE", "START", "END"] = "END"
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    priority: Priority = None
+
+    def given(self) -> str:
+        """Which of texts, images and inputs the body holds; exactly one is accepted."""
+        present = [name for name in ("texts", "images", "inputs") if getattr(self, name) is not None]
+        if len(present) != 1:
+            raise InvalidInput(
+                f"send exactly one of texts, images and inputs; got {', '.join(present) or 'none'}", param="texts"
+            )
+        return present[0]
+
+
+class CohereEmbedResponse(BaseModel):
+    """`embeddings` is a list of float vectors (v1 without embedding_types) or `{type: vectors}`."""
+
+    id: str
+    response_type: Literal["embeddings_floats", "embeddings_by_type"]
+    embeddings: list[list[float]] | dict[str, list[Any]]
+    texts: list[str]
+    meta: dict[str, Any]

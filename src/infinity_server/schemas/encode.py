@@ -4,26 +4,34 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictStr
 
 from infinity_server.encoding import EmbeddingType, EncodingFormat
+from infinity_server.schemas.common import ModelOptions, media_strings, one_or_many
 
 OutputName = Literal["dense", "sparse", "multivector"]
 
 
-class EncodeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _dense_only() -> list[OutputName]:
+    return ["dense"]
 
-    model: StrictStr
+
+class EncodeRequest(ModelOptions):
+    """Texts, or with `modality: image | audio` URLs or data URIs (ColPali pages, CLIP photos)."""
+
+    model_config = ModelOptions.model_config | {"extra": "forbid"}
+
     input: StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
-    outputs: Annotated[list[OutputName], Field(min_length=1)] = ["dense"]
+    modality: Literal["text", "image", "audio"] = "text"
+    outputs: list[OutputName] = Field(default_factory=_dense_only, min_length=1)
     # "query" encodes queries (ColBERT query augmentation, query prompts); documents otherwise.
     prompt_name: StrictStr | None = None
-    truncate: StrictBool | None = None
     return_tokens: StrictBool = False
     encoding_format: EncodingFormat = "float"
     embedding_type: EmbeddingType = "float32"
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
 
     def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else list(self.input)
+        return one_or_many(self.input)
+
+    def media_inputs(self) -> list[str]:
+        return media_strings(self.input)

@@ -8,31 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+from infinity_server.schemas.common import ModelOptions, one_or_many
 
 
-class RerankRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    model: StrictStr
+class RerankRequest(ModelOptions):
     query: StrictStr
     documents: list[Any]
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool = False
     raw_scores: StrictBool = False
-    # Extensions.
-    truncate: StrictBool | None = None
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
 
 
-class ClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    model: StrictStr
+class ClassifyRequest(ModelOptions):
     input: StrictStr | list[StrictStr]
     raw_scores: StrictBool = False
-    truncate: StrictBool | None = None
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
 
     def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else list(self.input)
+        return one_or_many(self.input)

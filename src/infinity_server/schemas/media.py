@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+from infinity_server.schemas.common import Dimensions, NonEmpty, Priority
 
 
 class MediaEmbeddingRequest(BaseModel):
@@ -17,9 +17,9 @@ class MediaEmbeddingRequest(BaseModel):
     model: StrictStr
     input: NonEmpty | list[NonEmpty]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = None
+    dimensions: Dimensions = None
     user: StrictStr | None = None
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+    priority: Priority = None
 
     def inputs(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
@@ -35,4 +35,4 @@ class MediaRerankRequest(BaseModel):
     documents: Annotated[list[NonEmpty], Field(min_length=1)]
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool = False
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+    priority: Priority = None

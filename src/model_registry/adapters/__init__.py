@@ -11,9 +11,9 @@ from typing import Any
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
-from model_registry.types import Kind
+from model_registry.types import Capability, Kind
 
-__all__ = ["Adapter", "LoadOptions", "create_adapter"]
+__all__ = ["Adapter", "LoadOptions", "capabilities_of_kind", "create_adapter", "detect_kind"]
 
 #: kind -> "module:class"; each class takes (layout, trust_remote_code).
 FACTORIES: dict[Kind, str] = {
@@ -27,6 +27,46 @@ FACTORIES: dict[Kind, str] = {
     Kind.AUDIO_TEXT: "model_registry.adapters.clap:ClapAdapter",
     Kind.PAGE_TEXT: "model_registry.adapters.colpali:ColPaliAdapter",
 }
+
+_TEXT, _IMAGE, _AUDIO = Capability.EMBED_TEXT, Capability.EMBED_IMAGE, Capability.EMBED_AUDIO
+#: kind -> what its adapter can do (each adapter class declares the same set), known before loading.
+CAPABILITIES: dict[Kind, frozenset[Capability]] = {
+    Kind.DENSE: frozenset({_TEXT}),
+    Kind.RERANKER: frozenset({Capability.RERANK}),
+    Kind.CLASSIFIER: frozenset({Capability.CLASSIFY}),
+    Kind.SPARSE: frozenset({Capability.SPARSE}),
+    Kind.MULTIVECTOR: frozenset({Capability.MULTIVECTOR}),
+    Kind.MULTI_OUTPUT: frozenset({_TEXT, Capability.SPARSE, Capability.MULTIVECTOR}),
+    Kind.IMAGE_TEXT: frozenset({_TEXT, _IMAGE}),
+    Kind.AUDIO_TEXT: frozenset({_TEXT, _AUDIO}),
+    Kind.PAGE_TEXT: frozenset({_TEXT, _IMAGE, Capability.MULTIVECTOR}),
+    Kind.FAKE: frozenset({_TEXT}),
+}
+
+
+def capabilities_of_kind(kind: Kind) -> frozenset[Capability]:
+    return CAPABILITIES.get(kind, frozenset())
+
+
+def detect_kind(spec: ModelSpec) -> Kind:
+    """The kind of a model from its files alone: no weights read, no backend imported, no download.
+
+    A hub model that is not in the local cache yet is `ModelUnavailable` here (it downloads on load).
+    """
+    from pathlib import Path
+
+    from model_registry.detect import detect
+    from model_registry.sources import find_in_cache, resolve_source
+
+    source = spec.source
+    if not source.startswith("package:") and not Path(source).expanduser().is_dir():
+        repo, _, pinned = source.partition("@")
+        cached = find_in_cache(repo, pinned or spec.revision)
+        if cached is None:
+            raise ModelUnavailable(f"'{source}' is not downloaded yet")
+        source = str(cached)
+    return detect(resolve_source(source, revision=spec.revision), spec).kind
+
 
 #: Layouts served by another adapter than their kind's default (model_type -> "module:class").
 LAYOUT_FACTORIES: dict[str, str] = {

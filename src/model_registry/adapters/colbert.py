@@ -121,6 +121,7 @@ def _linear_from_checkpoint(root: Path) -> torch.Tensor:
 class ColbertAdapter(TextEncoder):
     kind = Kind.MULTIVECTOR
     capabilities = frozenset({Capability.MULTIVECTOR})
+    truncation_sides = ("right",)  # ColBERT tokenizes with its markers itself
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         super().__init__(layout, trust_remote_code)

@@ -67,6 +67,8 @@ class TextEncoder(Adapter):
     """What every transformer text adapter shares: loading, tokenizing, padding, sizes."""
 
     backend = "torch"
+    #: Which end of an over-long text may be cut (`text_tokens` honours `EmbedItem.truncate_left`).
+    truncation_sides: tuple[str, ...] = ("right", "left")
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         self.layout = layout
@@ -135,7 +137,9 @@ class TextEncoder(Adapter):
                 where.append(i)
             else:
                 raise InvalidInput(f"input {i}: this model embeds text only", param="input")
-        encoded = self.tokenizer.encode(texts, [items[i].truncate for i in where])
+        left = [items[i].truncate_left for i in where]
+        keep = [self.tokenizer.prompt_length(items[i].prompt) if items[i].prompt else 0 for i in where]
+        encoded = self.tokenizer.encode(texts, [items[i].truncate for i in where], left=left, keep=keep)
         for i, ids in zip(where, encoded, strict=True):
             prompt = items[i].prompt
             prompt_tokens = self.tokenizer.prompt_length(prompt) if prompt and not self.layout.include_prompt else 0

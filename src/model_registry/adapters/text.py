@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from model_registry.errors import InputTooLong, InvalidInput
+from model_registry.types import Token
 
 _UNBOUNDED = 1_000_000
 
@@ -64,8 +65,20 @@ class TextTokenizer:
             self._prompt_lengths[prompt] = length
         return self._prompt_lengths[prompt]
 
-    def encode(self, texts: Sequence[str], truncate: Sequence[bool], *, offset: int = 0) -> list[list[int]]:
-        """Token ids per text; too long with truncation off is `InputTooLong` naming the index."""
+    def encode(
+        self,
+        texts: Sequence[str],
+        truncate: Sequence[bool],
+        *,
+        offset: int = 0,
+        left: Sequence[bool] = (),
+        keep: Sequence[int] = (),
+    ) -> list[list[int]]:
+        """Token ids per text; too long with truncation off is `InputTooLong` naming the index.
+
+        Where `left[i]`, an over-long text loses its first tokens instead of its last, keeping the
+        leading special tokens and its first `keep[i]` tokens (the prompt, as `prompt_length` counts).
+        """
         if not texts:  # the fast tokenizer raises IndexError on an empty batch
             return []
         if self.do_lower_case:
@@ -74,6 +87,8 @@ class TextTokenizer:
         encoded: list[list[int]] = self.tokenizer(
             list(texts), truncation=True, max_length=limit, return_attention_mask=False
         )["input_ids"]
+        for i in (i for i, side in enumerate(left) if side and len(encoded[i]) >= limit and truncate[i]):
+            encoded[i] = self._cut_left(texts[i], keep[i] if i < len(keep) else 0)
         for i, (ids, cut) in enumerate(zip(encoded, truncate, strict=True)):
             if not cut and len(ids) >= limit:
                 full = len(self.tokenizer(texts[i], return_attention_mask=False)["input_ids"])
@@ -84,6 +99,23 @@ class TextTokenizer:
                         param="input",
                     )
         return encoded
+
+    def _leading_specials(self) -> int:
+        """How many special tokens the tokenizer puts before a text ([CLS]: 1; most decoders: 0)."""
+        sample = "a b c"
+        plain = self.tokenizer(sample, add_special_tokens=False)["input_ids"]
+        full = self.tokenizer(sample)["input_ids"]
+        return next((k for k in range(len(full)) if full[k : k + len(plain)] == plain), 0)
+
+    def _cut_left(self, text: str, keep: int) -> list[int]:
+        """`text`'s ids within the limit, its earliest tokens dropped (specials and `keep` kept)."""
+        ids: list[int] = self.tokenizer(text, return_attention_mask=False)["input_ids"]
+        if len(ids) <= self.max_length:
+            return ids
+        head = ids[
+            : max(self._leading_specials(), keep)
+        ]  # `keep` (the prompt's length) already counts leading specials
+        return head + ids[len(ids) - (self.max_length - len(head)) :]
 
     def check_ids(self, ids: Sequence[int], truncate: bool, index: int) -> list[int]:
         """Client-given token ids: in the vocabulary, within the limit (or truncated)."""
@@ -100,6 +132,69 @@ class TextTokenizer:
                 )
             ids = ids[: self.max_length]
         return list(ids)
+
+    def tokens(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[Token]]:
+        """Each text's tokens as the model reads them (cut to its limit), with character spans."""
+        if self.do_lower_case:
+            texts = [t.lower() for t in texts]
+        encoded = self.tokenizer(
+            list(texts),
+            add_special_tokens=add_special_tokens,
+            truncation=True,
+            max_length=self.max_length,
+            return_offsets_mapping=True,
+            return_attention_mask=False,
+        )
+        rows = []
+        for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+            row = []
+            for token_id, (start, stop) in zip(ids, offsets, strict=True):
+                special = token_id in self._special
+                span = (None, None) if special else (int(start), int(stop))
+                piece = self.tokenizer.convert_ids_to_tokens(token_id) if special else text[start:stop]
+                row.append(Token(int(token_id), str(piece), special, *span))
+            rows.append(row)
+        return rows
+
+    def first_tokens(self, texts: Sequence[str], count: int) -> list[str]:
+        """Each text cut after its first `count` tokens (as this tokenizer splits it, no specials)."""
+        if count < 1:
+            raise InvalidInput(f"the token limit must be at least 1, got {count}", param="max_tokens_per_doc")
+        encoded = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+        return [
+            text if len(offsets) <= count else text[: offsets[count - 1][1]]
+            for text, offsets in zip(texts, encoded["offset_mapping"], strict=True)
+        ]
+
+    def last_tokens(self, texts: Sequence[str], room: Sequence[int]) -> list[str]:
+        """Each text's end that fits in `room[i]` tokens, starting at a word (so that it tokenizes
+        as the same tokens again); a text that fits is unchanged."""
+        encoded = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+        cut = []
+        for text, offsets, fits in zip(texts, encoded["offset_mapping"], room, strict=True):
+            first = max(len(offsets) - max(fits, 0), 0)
+            while 0 < first < len(offsets) and not text[offsets[first][0] - 1].isspace():
+                first += 1  # a token inside a word: start at the next word
+            cut.append(text if first == 0 else text[offsets[first][0] :] if first < len(offsets) else "")
+        return cut
+
+    def fit_left(self, texts: Sequence[str], queries: Sequence[str] | None = None) -> list[str]:
+        """`texts` cut at their start to fit the limit, alone or after their pair's query (kept whole)."""
+        if queries is None:
+            rooms = [self.max_length - int(self.tokenizer.num_special_tokens_to_add(pair=False))] * len(texts)
+        else:
+            unique = sorted(set(queries))
+            lengths = dict(
+                zip(unique, map(len, self.tokenizer(unique, add_special_tokens=False)["input_ids"]), strict=True)
+            )
+            room = self.max_length - int(self.tokenizer.num_special_tokens_to_add(pair=True))
+            rooms = [room - lengths[q] for q in queries]
+        return self.last_tokens(texts, rooms)
+
+    def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+        for index, row in enumerate(ids):
+            self.check_ids(row, True, index)
+        return [str(self.tokenizer.decode(list(row), skip_special_tokens=skip_special_tokens)) for row in ids]
 
     def pad(self, sequences: Sequence[Sequence[int]]) -> Padded:
         return pad(sequences, self.pad_id, left=self.left_padding)

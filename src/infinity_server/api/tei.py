@@ -1,0 +1,347 @@
+"""Text Embeddings Inference's dialect: TEI's paths, bodies, bare-array answers and error shape.
+
+`POST /embed`, `/embed_sparse`, `/embed_all`, `/predict`, `/similarity`, `/tokenize`, `/decode`,
+`GET /info`, `POST /` (dispatched by the model's kind, as the Hugging Face Inference API is) and
+`POST /rerank` in TEI's shape (`query` + `texts`) beside Infinity's (`query` + `documents`) on the
+same path. Errors are `{"error", "error_type"}` with the statuses of the one error table.
+
+Which model: the body's `model` (or `?model=` on `GET /info`); without it the route family's
+`server.default_models` entry; without that, the only served model. See docs/dialects/tei.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from infinity_server import __version__
+from infinity_server.api import infinity
+from infinity_server.api.common import (
+    json_response,
+    parse_body,
+    read_object,
+    registry_of,
+    until_disconnected,
+    vectors_response,
+)
+from infinity_server.encoding import column, dense_vectors, numbers_in
+from infinity_server.errors import HTTPError, Shape, answers_in
+from infinity_server.schemas.tei import (
+    TeiDecodeRequest,
+    TeiEmbedRequest,
+    TeiOptions,
+    TeiPredictRequest,
+    TeiRerankRequest,
+    TeiSimilarityRequest,
+    TeiTokenizeRequest,
+)
+from model_registry import Capability, InvalidInput, Kind, ModelInfo
+
+tei = answers_in(Shape.TEI)
+
+
+def model_for(request: Request, asked: str | None, family: str) -> str:
+    """The body's model, else the family's configured default, else the only served model."""
+    if asked is not None:
+        return asked
+    configured: dict[str, str] = request.app.state.settings.server.default_models
+    if family in configured:
+        return configured[family]
+    names = registry_of(request).names()
+    if len(names) == 1:
+        return names[0]
+    raise InvalidInput(
+        f"this server serves {len(names)} models ({', '.join(names)}); name one in 'model', or set "
+        f"server.default_models.{family} in the configuration",
+        param="model",
+    )
+
+
+def _direction(options: TeiOptions | Any) -> str:
+    """TEI writes `Left`/`Right`; the engine takes left/right."""
+    return str(options.truncation_direction).lower()
+
+
+# ---- embeddings -----------------------------------------------------------------------------------
+
+
+async def _embed_with(request: Request, body: TeiEmbedRequest, family: str, output: str) -> Any:
+    model = model_for(request, body.model, family)
+    work = registry_of(request).embed(
+        model,
+        _inputs(body),
+        outputs=(output,),
+        prompt_name=body.prompt_name,
+        truncate=body.truncate,
+        truncation_direction=_direction(body),
+        priority=body.priority,
+    )
+    return await until_disconnected(request, work)
+
+
+@tei
+async def embed(request: Request) -> Response:
+    return await _embed_dense(request, await parse_body(request, TeiEmbedRequest))
+
+
+async def _embed_dense(request: Request, body: TeiEmbedRequest) -> Response:
+    results = await _embed_with(request, body, "embed", "dense")
+    return await vectors_response(
+        lambda: dense_vectors(results, body.dimensions, normalize=body.normalize), numbers_in(results)
+    )
+
+
+def _inputs(body: TeiEmbedRequest) -> list[Any]:
+    """TEI's `inputs`: a text, texts, one token-id list or token-id lists (as the engine takes them)."""
+    value = body.inputs
+    if isinstance(value, str) or (value and isinstance(value[0], int)):
+        return [value]
+    return list(value)
+
+
+@tei
+async def embed_sparse(request: Request) -> Response:
+    return await _embed_sparse(request, await parse_body(request, TeiEmbedRequest))
+
+
+async def _embed_sparse(request: Request, body: TeiEmbedRequest) -> Response:
+    results = await _embed_with(request, body, "embed_sparse", "sparse")
+
+    def build() -> list[list[dict[str, Any]]]:
+        return [
+            [{"index": i, "value": v} for i, v in zip(s.indices.tolist(), s.values.tolist(), strict=True)]
+            for s in column(results, "sparse")
+        ]
+
+    return await vectors_response(build, numbers_in(results))
+
+
+@tei
+async def embed_all(request: Request) -> Response:
+    body = await parse_body(request, TeiEmbedRequest)
+    results = await _embed_with(request, body, "embed_all", "multivector")
+    return await vectors_response(lambda: column(results, "multivector"), numbers_in(results))
+
+
+# ---- predict, rerank, similarity ------------------------------------------------------------------
+
+
+def _sequences(inputs: Any) -> tuple[list[list[str]], bool]:
+    """TEI's reading of `inputs`: a text, a pair `[a, b]`, or a batch; and whether it was a batch."""
+    if isinstance(inputs, str):
+        return [[inputs]], False
+    if all(isinstance(v, str) for v in inputs):
+        return ([list(inputs)], False) if len(inputs) == 2 else ([[v] for v in inputs], True)
+    return [list(v) for v in inputs], True
+
+
+def _predictions(info: ModelInfo, sequences: list[list[str]]) -> tuple[str, Any]:
+    """Which engine operation serves these inputs on this model: classify texts or score pairs."""
+    pairs = [len(s) == 2 for s in sequences]
+    if Capability.CLASSIFY in info.capabilities:
+        if any(pairs):
+            raise InvalidInput(f"the model '{info.name}' classifies single texts, not pairs", param="inputs")
+        return "classify", [s[0] for s in sequences]
+    if not all(pairs):
+        raise InvalidInput(f"the model '{info.name}' scores pairs; send each input as [query, text]", param="inputs")
+    return "score", [(s[0], s[1]) for s in sequences]
+
+
+async def predictions(request: Request, body: TeiPredictRequest, family: str = "predict") -> tuple[list[Any], bool]:
+    """One list of `{score, label}` per input, and whether the body was a batch."""
+    registry = registry_of(request)
+    model = model_for(request, body.model, family)
+    sequences, batch = _sequences(body.inputs)
+    operation, inputs = _predictions(registry.info(model), sequences)
+    options: dict[str, Any] = {
+        "raw_scores": body.raw_scores,
+        "truncate": body.truncate,
+        "truncation_direction": _direction(body),
+        "priority": body.priority,
+    }
+    if operation == "classify":
+        result = await until_disconnected(request, registry.classify(model, inputs, **options))
+        return [[{"score": s.score, "label": s.label} for s in row] for row in result.results], batch
+    scored = await until_disconnected(request, registry.score(model, inputs, **options))
+    return [[{"score": s, "label": "LABEL_0"}] for s in scored.scores], batch
+
+
+@tei
+async def predict(request: Request) -> Response:
+    body = await parse_body(request, TeiPredictRequest)
+    rows, batch = await predictions(request, body)
+    return json_response(rows if batch else rows[0])
+
+
+async def rerank(request: Request) -> Response:
+    """TEI's shape (`texts`) or Infinity's (`documents`) on one path; the body tells which."""
+    keys = set(await read_object(request))
+    if {"texts", "documents"} <= keys:
+        raise HTTPError(
+            422,
+            "the body has both 'texts' (TEI's rerank) and 'documents' (Infinity's and Cohere's); send one",
+            code="invalid_body",
+            param="texts",
+        )
+    if "texts" in keys:
+        return await tei_rerank(request)
+    return await infinity.rerank(request)
+
+
+@tei
+async def tei_rerank(request: Request) -> Response:
+    body = await parse_body(request, TeiRerankRequest)
+    model = model_for(request, body.model, "rerank")
+    work = registry_of(request).rerank(
+        model,
+        body.query,
+        body.texts,
+        raw_scores=body.raw_scores,
+        truncate=body.truncate,
+        truncation_direction=_direction(body),
+        priority=body.priority,
+    )
+    ranking = await until_disconnected(request, work)
+    ranks = []
+    for r in ranking.results:
+        entry: dict[str, Any] = {"index": r.index, "score": r.score}
+        if body.return_text:
+            entry["text"] = r.document
+        ranks.append(entry)
+    return json_response(ranks)
+
+
+async def similarities(request: Request, body: TeiSimilarityRequest) -> list[float]:
+    parameters = body.parameters
+    truncate = parameters.truncate if parameters is not None else body.truncate
+    direction = _direction(parameters) if parameters is not None else "right"
+    model = model_for(request, body.model, "embed")
+    source = body.inputs.source_sentence
+    pairs = [(source, s) for s in body.inputs.sentences]
+    work = registry_of(request).score(
+        model, pairs, truncate=truncate, truncation_direction=direction, priority=body.priority
+    )
+    return list((await until_disconnected(request, work)).scores)
+
+
+@tei
+async def similarity(request: Request) -> Response:
+    return json_response(await similarities(request, await parse_body(request, TeiSimilarityRequest)))
+
+
+# ---- tokenize, decode, info -----------------------------------------------------------------------
+
+
+@tei
+async def tokenize(request: Request) -> Response:
+    body = await parse_body(request, TeiTokenizeRequest)
+    model = model_for(request, body.model, "embed")
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    work = registry_of(request).tokenize(
+        model, texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
+    )
+    rows = await until_disconnected(request, work)
+    return json_response(
+        [
+            [{"id": t.id, "text": t.text, "special": t.special, "start": t.start, "stop": t.stop} for t in r]
+            for r in rows
+        ]
+    )
+
+
+@tei
+async def decode(request: Request) -> Response:
+    body = await parse_body(request, TeiDecodeRequest)
+    model = model_for(request, body.model, "embed")
+    ids: Any = [body.ids] if body.ids and isinstance(body.ids[0], int) else body.ids
+    work = registry_of(request).decode(model, ids, skip_special_tokens=body.skip_special_tokens)
+    return json_response(await until_disconnected(request, work))
+
+
+def _model_type(info: ModelInfo) -> dict[str, Any]:
+    if info.kind == Kind.CLASSIFIER:
+        labels = list(info.extra.get("labels", []))
+        return {
+            "classifier": {
+                "id2label": {str(i): n for i, n in enumerate(labels)},
+                "label2id": {n: i for i, n in enumerate(labels)},
+            }
+        }
+    if info.kind == Kind.RERANKER:
+        return {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+    return {"embedding": {"pooling": str(info.extra.get("pooling", info.kind.value))}}
+
+
+@tei
+async def info(request: Request) -> Response:
+    registry = registry_of(request)
+    model = model_for(request, request.query_params.get("model"), "embed")
+    described = await registry.load(model)
+    server = request.app.state.settings.server
+    return json_response(
+        {
+            "model_id": described.name,
+            "model_sha": None,
+            "model_dtype": described.dtype,
+            "model_type": _model_type(described),
+            "max_input_length": described.max_length,
+            "max_client_batch_size": registry.config.max_inputs_per_request,
+            "max_concurrent_requests": None,
+            "max_batch_tokens": None,
+            "auto_truncate": None,
+            "tokenization_workers": None,
+            "version": __version__,
+            "sha": None,
+            "docker_label": None,
+            "max_body_bytes": server.max_body_bytes,
+            "kind": described.kind.value,
+            "capabilities": sorted(c.value for c in described.capabilities),
+        }
+    )
+
+
+# ---- POST / ---------------------------------------------------------------------------------------
+
+
+@tei
+async def root(request: Request) -> Response:
+    """The Hugging Face Inference API's route: similarity by its input's shape, else by the model's kind.
+
+    Classifiers and rerankers answer `/predict` in the batch shape (a list per input), as the
+    Inference API does; sparse models answer `/embed_sparse`; every other model `/embed`.
+    `POST /models/{name}` (and `/models/{name}/pipeline/{task}`) is the same route for the model
+    `name`, so that `InferenceClient(model=f"{url}/models/{name}")` reaches any served model.
+    """
+    data = await read_object(request)
+    named = request.path_params.get("name")
+    if named is not None:
+        data["model"] = named.partition("/pipeline/")[0]
+    if isinstance(data.get("inputs"), dict):
+        return json_response(await similarities(request, TeiSimilarityRequest.model_validate(data)))
+    asked = data.get("model")
+    model = model_for(request, asked if isinstance(asked, str) else None, "embed")
+    described = registry_of(request).info(model)
+    if described.capabilities & {Capability.CLASSIFY, Capability.RERANK}:
+        rows, _ = await predictions(request, TeiPredictRequest.model_validate(data))
+        return json_response(rows)
+    if described.capabilities == {Capability.SPARSE}:
+        return await _embed_sparse(request, TeiEmbedRequest.model_validate(data))
+    return await _embed_dense(request, TeiEmbedRequest.model_validate(data))
+
+
+routes = [
+    Route("/", root, methods=["POST"]),
+    Route("/models/{name:path}", root, methods=["POST"]),
+    Route("/embed", embed, methods=["POST"]),
+    Route("/embed_sparse", embed_sparse, methods=["POST"]),
+    Route("/embed_all", embed_all, methods=["POST"]),
+    Route("/predict", predict, methods=["POST"]),
+    Route("/rerank", rerank, methods=["POST"]),
+    Route("/similarity", similarity, methods=["POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/decode", decode, methods=["POST"]),
+    Route("/info", info, methods=["GET"]),
+]

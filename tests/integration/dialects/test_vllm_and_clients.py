@@ -1,0 +1,114 @@
+"""vLLM's /score and /pooling over plain HTTP (vLLM's documented shapes), Infinity's own client,
+and what /models says of models that are not loaded yet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import LiveServer
+from tests.integration.dialects.conftest import MINILM, TEXTS
+
+pytestmark = pytest.mark.integration
+
+
+def post(server: LiveServer, path: str, body: dict[str, Any]) -> Any:
+    with server.client() as client:
+        response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def rerank_scores(server: LiveServer, model: str, query: str, documents: list[str]) -> list[float]:
+    ranked = post(server, "/rerank", {"model": model, "query": query, "documents": documents})["results"]
+    by_index = {r["index"]: r["relevance_score"] for r in ranked}
+    return [by_index[i] for i in range(len(documents))]
+
+
+def test_score_one_to_one_one_to_many_and_pairs_with_a_cross_encoder(dialect_server: LiveServer) -> None:
+    one = post(dialect_server, "/score", {"model": "ce", "text_1": "guitar", "text_2": TEXTS[0]})
+    many = post(dialect_server, "/v1/score", {"model": "ce", "text_1": "guitar", "text_2": TEXTS})
+    queries = ["guitar", "money", "snow"]
+    pairs = post(dialect_server, "/score", {"model": "ce", "text_1": queries, "text_2": TEXTS})
+    expected = rerank_scores(dialect_server, "ce", "guitar", TEXTS)
+    assert one["object"] == "list"
+    assert one["id"].startswith("score-")
+    assert one["data"] == [{"index": 0, "object": "score", "score": pytest.approx(expected[0], abs=1e-6)}]
+    assert [d["score"] for d in many["data"]] == pytest.approx(expected, abs=1e-6)
+    each = [rerank_scores(dialect_server, "ce", q, [t])[0] for q, t in zip(queries, TEXTS, strict=True)]
+    assert [d["score"] for d in pairs["data"]] == pytest.approx(each, abs=1e-6)
+    assert pairs["usage"]["prompt_tokens"] > 0
+
+
+def test_score_with_an_embedding_model_is_the_cosine(dialect_server: LiveServer) -> None:
+    got = post(dialect_server, "/score", {"model": MINILM, "text_1": TEXTS[0], "text_2": TEXTS})
+    data = post(dialect_server, "/v1/embeddings", {"model": MINILM, "input": TEXTS})["data"]
+    vectors = np.asarray([d["embedding"] for d in data])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.testing.assert_allclose([d["score"] for d in got["data"]], vectors @ vectors[0], atol=1e-5)
+
+
+def test_pooling_answers_token_vectors_or_the_vector(dialect_server: LiveServer) -> None:
+    tokens = post(dialect_server, "/pooling", {"model": "colbert", "input": TEXTS})
+    dense = post(dialect_server, "/pooling", {"model": MINILM, "input": TEXTS[0]})
+    multi = post(dialect_server, "/v1/encode", {"model": "colbert", "input": TEXTS, "outputs": ["multivector"]})
+    vectors = post(dialect_server, "/v1/embeddings", {"model": MINILM, "input": TEXTS[:1]})["data"]
+    assert [d["object"] for d in tokens["data"]] == ["pooling"] * 3
+    for got, expected in zip(tokens["data"], multi["data"], strict=True):
+        np.testing.assert_allclose(got["data"], expected["multivector"], atol=1e-6)
+    np.testing.assert_allclose(dense["data"][0]["data"], vectors[0]["embedding"], atol=1e-6)
+
+
+BAD: list[tuple[str, str, dict[str, Any], int]] = [
+    ("lengths differ", "/score", {"model": "ce", "text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, 400),
+    ("empty text", "/score", {"model": "ce", "text_1": "a", "text_2": [" "]}, 400),
+    ("unknown model", "/score", {"model": "nope", "text_1": "a", "text_2": "b"}, 404),
+    ("no text_2", "/v1/score", {"model": "ce", "text_1": "a"}, 422),
+    ("a classifier cannot score", "/score", {"model": "clf", "text_1": "a", "text_2": "b"}, 400),
+    ("pooling a reranker", "/pooling", {"model": "ce", "input": "a"}, 400),
+]
+
+
+@pytest.mark.parametrize(("case", "path", "body", "status"), BAD, ids=[c[0] for c in BAD])
+def test_bad_vllm_requests_answer_in_the_openai_shape(
+    dialect_server: LiveServer, case: str, path: str, body: dict[str, Any], status: int
+) -> None:
+    with dialect_server.client() as client:
+        response = client.post(path, json=body)
+    assert response.status_code == status, response.text
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_infinity_client_embeddings_and_rerank(dialect_server: LiveServer) -> None:
+    from infinity_client import Client
+    from infinity_client.api.default import embeddings, rerank
+    from infinity_client.models import OpenAIEmbeddingInputText, OpenAIEmbeddingResult, RerankInput, ReRankResult
+
+    with Client(base_url=dialect_server.url, timeout=None) as client:
+        vectors = embeddings.sync(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="dense"))
+        ranked = rerank.sync(client=client, body=RerankInput(query="guitar", documents=TEXTS, model="ce"))
+    expected = post(dialect_server, "/v1/embeddings", {"model": "dense", "input": TEXTS})["data"]
+    assert isinstance(vectors, OpenAIEmbeddingResult)
+    assert isinstance(ranked, ReRankResult)
+    got = np.asarray([v.embedding for v in vectors.data], dtype=np.float64)
+    np.testing.assert_allclose(got, np.asarray([e["embedding"] for e in expected]), atol=1e-6)
+    scores = rerank_scores(dialect_server, "ce", "guitar", TEXTS)
+    assert [r.index for r in ranked.results] == sorted(range(3), key=lambda i: -scores[i])
+
+
+def test_models_lists_kind_and_capabilities_before_loading(serve: Any, dialect_models: dict[str, Path]) -> None:
+    server = serve({"models": [{"name": n, "source": str(p)} for n, p in dialect_models.items()]})
+    with server.client() as client:
+        listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert {n: m["status"] for n, m in listed.items()} == dict.fromkeys(dialect_models, "unloaded")
+    assert {n: (m["kind"], m["capabilities"]) for n, m in listed.items()} == {
+        "dense": ("dense", ["embed_text"]),
+        "ce": ("reranker", ["rerank"]),
+        "clf": ("classifier", ["classify"]),
+        "splade": ("sparse", ["sparse"]),
+        "colbert": ("multivector", ["multivector"]),
+        "clip": ("image_text", ["embed_image", "embed_text"]),
+    }
