@@ -13,6 +13,9 @@ Rules, per device (CPU RAM, or one CUDA device's memory):
   remembered with its error and retried by a request that comes after the back-off.
 - A model with `keep_alive` is unloaded once idle for that many seconds. An operator's unload
   holds new callers back while the work in flight finishes; they then load the model again.
+- A request holds its model through a `lease` (one owner of the in-flight count and the LRU
+  stamp, released however the request ends). A load that fails gives back what it loaded and its
+  charge; a load that times out keeps its charge until its thread has finished and been unloaded.
 
 All bookkeeping runs on the event loop; loading and unloading run on threads.
 """
@@ -20,21 +23,23 @@ All bookkeeping runs on the event loop; loading and unloading run on threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from model_registry import memory
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
+from model_registry.admission import Backlog
 from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec, RegistryConfig
 from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
-from model_registry.handles import DeviceUsage, EventKind, LifecycleEvent, ModelHandle
+from model_registry.handles import DeviceUsage, EventKind, Lease, LifecycleEvent, ModelHandle
 from model_registry.types import Kind, ModelState
-from model_registry.worker import BatchStats, Worker
+from model_registry.worker import BatchStats, PrepareStage, Worker
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +49,7 @@ _DRAIN_POLL = 0.02
 
 T = TypeVar("T")
 
-__all__ = ["DeviceUsage", "EventKind", "Lifecycle", "LifecycleEvent", "ModelHandle"]
+__all__ = ["DeviceUsage", "EventKind", "Lease", "Lifecycle", "LifecycleEvent", "ModelHandle"]
 
 
 class Lifecycle:
@@ -68,6 +73,8 @@ class Lifecycle:
         self._stamps = itertools.count(1)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._keeper: asyncio.Task[None] | None = None
+        #: Per device, bytes still held by loads that timed out while their thread goes on.
+        self._late: dict[str, int] = {}
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
@@ -86,12 +93,33 @@ class Lifecycle:
         handle.last_used = time.time()
 
     def _charged(self, device: str, *, besides: ModelHandle | None = None) -> int:
-        return sum(h.charged for h in self.handles.values() if h.device == device and h is not besides)
+        held = sum(h.charged for h in self.handles.values() if h.device == device and h is not besides)
+        return held + self._late.get(device, 0)
 
     def _emit(self, event: LifecycleEvent) -> None:
         self.events.append(event)
         if self._on_event is not None:
             self._on_event(event)
+
+    # ---- leases --------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lease(self, handle: ModelHandle) -> AsyncIterator[Lease]:
+        """The model, loaded and held for one request: never evicted or unloaded while held.
+
+        Counted before the first await after the load, so nothing can evict the model between its
+        load and its use; released however the request ends."""
+        await self.ensure_loaded(handle)
+        adapter, queue, backlog, stage = handle.adapter, handle.queue, handle.backlog, handle.stage
+        if adapter is None or queue is None or backlog is None or stage is None:
+            raise RuntimeError(f"This is a bug: the loaded model '{handle.spec.name}' lacks its queue or worker")
+        handle.inflight += 1
+        self.touch(handle)
+        try:
+            yield Lease(adapter, queue, backlog, stage)
+        finally:
+            handle.inflight -= 1
+            self.touch(handle)
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -188,7 +216,14 @@ class Lifecycle:
         need = handle.footprint or adapter.estimate(options) or 0
         await self._fit(handle, need, real=True)
         try:
-            measured = await self._off_loop(deadline, adapter, memory.load_and_measure, adapter, options, handle.device)
+            measured = await self._off_loop(deadline, handle, memory.load_and_measure, adapter, options, handle.device)
+        except asyncio.TimeoutError:
+            raise  # the charge moved to the late load in `_off_loop`
+        except Exception:
+            # Whatever part of the model made it into memory goes back before the charge does.
+            await asyncio.to_thread(self._release_quietly, adapter, handle.device)
+            handle.charged = 0
+            raise
         except BaseException:
             handle.charged = 0
             raise
@@ -200,32 +235,44 @@ class Lifecycle:
             raise
         return adapter
 
-    async def _off_loop(self, deadline: float, loaded: Adapter | None, fn: Callable[..., T], *args: object) -> T:
+    async def _off_loop(self, deadline: float, loading: ModelHandle | None, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a
-        timeout, whatever it goes on loading into `loaded` is unloaded when it finishes."""
+        timeout, the memory `loading` was charged stays charged (to the device, no longer to the
+        model) until the thread has finished and whatever it loaded is unloaded."""
         work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
         try:
             return await asyncio.wait_for(asyncio.shield(work), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            if loaded is not None:
-                late = loaded
-                work.add_done_callback(lambda _: self._spawn(asyncio.to_thread(late.unload)))
+            if loading is not None:
+                device, held, adapter = loading.device, loading.charged, args[0]
+                assert isinstance(adapter, Adapter), "This is a bug: a timed load must be given its adapter"
+                loading.charged = 0
+                self._late[device] = self._late.get(device, 0) + held
+                task = asyncio.ensure_future(self._unload_late(work, adapter, device, held))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             raise
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _unload_late(self, work: asyncio.Future[Any], adapter: Adapter, device: str, held: int) -> None:
+        try:
+            await asyncio.gather(work, return_exceptions=True)
+            await asyncio.to_thread(self._release_quietly, adapter, device)
+        finally:
+            self._late[device] -= held
 
     def _start_worker(self, handle: ModelHandle, adapter: Adapter) -> None:
+        batch_tokens = self._batch_tokens(handle.spec, adapter)
         queue = BatchQueue(
-            max_batch_tokens=self._batch_tokens(handle.spec, adapter),
+            max_batch_tokens=batch_tokens,
             max_items=handle.spec.max_queued_items,
             batch_cost=adapter.batch_cost,
             small_request_items=self.config.small_request_items,
+            aging=self.config.aging_seconds,
         )
         worker = Worker(handle.spec.name, adapter, queue, on_batch=self._on_batch)
         worker.start()
+        handle.backlog = Backlog(lambda: queue.rate, headroom=self.config.admission_headroom, probe=4 * batch_tokens)
+        handle.stage = PrepareStage(handle.spec.name, adapter, self.config.prepare_threads)
         handle.adapter, handle.queue, handle.worker = adapter, queue, worker
         handle.state = ModelState.LOADED
         self.touch(handle)
@@ -327,10 +374,13 @@ class Lifecycle:
         async with handle.lock:
             if kind != EventKind.UNLOADED and not handle.evictable:
                 return
-            worker, adapter = handle.worker, handle.adapter
+            worker, adapter, stage = handle.worker, handle.adapter, handle.stage
             if adapter is None:
                 return
             handle.worker = handle.adapter = handle.queue = None
+            handle.backlog = handle.stage = None
+            if stage is not None:
+                stage.stop()
             handle.state = ModelState.UNLOADED
             if handle.draining:
                 handle.draining = False
@@ -367,6 +417,14 @@ class Lifecycle:
         del adapter
         memory.release(device)
 
+    @classmethod
+    def _release_quietly(cls, adapter: Adapter, device: str) -> None:
+        """`_release` after a failed load: the adapter may be half loaded, so its unload may fail."""
+        try:
+            cls._release(adapter, device)
+        except Exception:
+            log.exception("unloading the remains of a failed load of %s raised", type(adapter).__name__)
+
     async def unload_by_request(self, handle: ModelHandle) -> None:
         """An operator's unload: refused for pinned models, waits for work in flight to finish."""
         if handle.spec.pin:
@@ -386,13 +444,17 @@ class Lifecycle:
             self._keeper = asyncio.create_task(self._keep_alive(period))
 
     async def _keep_alive(self, period: float) -> None:
+        """Expire idle models every `period` seconds; a failed unload is logged, never fatal."""
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
             for handle in list(self.handles.values()):
                 limit = handle.spec.keep_alive
                 if limit and handle.evictable and now - handle.used_at >= limit:
-                    await self.unload(handle, kind=EventKind.EXPIRED)
+                    try:
+                        await self.unload(handle, kind=EventKind.EXPIRED)
+                    except Exception:
+                        log.exception("expiring the idle model '%s' failed; it is retried later", handle.spec.name)
 
     async def stop(self) -> None:
         if self._keeper is not None:

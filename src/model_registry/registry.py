@@ -1,26 +1,25 @@
 """Name -> model handle: lazy loading, one load at a time per model, request execution.
 
-A request goes: validate -> find or load the model -> `prepare` in the shared worker pool ->
-the model's queue -> its worker -> the future resolved on the caller's event loop.
+A request goes: validate -> lease the model (loading it if needed) -> price and admit (or 429) ->
+`prepare` on the model's own threads -> the model's queue -> its worker -> the request resolved on
+the caller's event loop; every step after admission counts against the request's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from model_registry.adapters import Adapter
+from model_registry.admission import client_priority, price
 from model_registry.batching import Request
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
     Cancelled,
-    DeadlineExceeded,
     InvalidInput,
     ModelUnavailable,
     RegistryError,
@@ -75,7 +74,6 @@ class Registry:
         self.config = config
         self._handles = {spec.name: ModelHandle(spec) for spec in config.models}
         self._lifecycle = Lifecycle(config, self._handles, on_batch=on_batch, on_event=on_event)
-        self._pool: ThreadPoolExecutor | None = None
         self._started = False
 
     @classmethod
@@ -92,10 +90,9 @@ class Registry:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the worker pool and load the pinned models (a broken one is logged and marked)."""
+        """Start the lifecycle and load the pinned models (a broken one is logged and marked)."""
         if self._started:
             return
-        self._pool = ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="prepare")
         self._started = True
         self._lifecycle.start()
         for handle in self._handles.values():
@@ -107,9 +104,6 @@ class Registry:
 
     async def stop(self) -> None:
         await self._lifecycle.stop()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
         self._started = False
 
     async def __aenter__(self) -> Registry:
@@ -226,52 +220,35 @@ class Registry:
     async def run(
         self, model: str, items: Sequence[Item], *, priority: int | None = None, timeout: float | None = None
     ) -> Results:
-        """Run prepared-to-be items through `model`'s queue; the core every operation shares."""
+        """Run items through `model`'s queue; the core every operation shares.
+
+        The request is priced and admitted before its inputs are prepared: `Overloaded` (429) when
+        the model cannot serve it before its deadline at its measured rate."""
         handle = self._handle(model)
-        loop = asyncio.get_running_loop()
-        adapter = await self._ensure_loaded(handle)
-        assert self._pool is not None, "This is a bug: no prepare pool on a started registry"
-        assert handle.queue is not None, "This is a bug: a loaded model has no queue"
-        # Counted before the next await, so the model cannot be evicted between load and queue.
-        handle.inflight += 1
-        self._lifecycle.touch(handle)
-        try:
-            prepared = await loop.run_in_executor(self._pool, adapter.prepare, items)
-            future: asyncio.Future[Request] = loop.create_future()
-
-            def settle(request: Request) -> None:
-                if not future.done():
-                    future.set_result(request)
-
-            def on_done(request: Request) -> None:
-                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                    loop.call_soon_threadsafe(settle, request)
-
-            limit = timeout or self.config.request_timeout
-            request = Request(
-                prepared,
-                priority=handle.queue.priority_for(len(prepared), priority),
-                deadline=time.monotonic() + limit,
-                on_done=on_done,
-            )
-            handle.queue.put(request)
+        if not self._started:
+            raise ModelUnavailable("the registry is not started (use 'async with Registry(...)' or start())")
+        limit = timeout or self.config.request_timeout
+        deadline = time.monotonic() + limit
+        async with self._lifecycle.lease(handle) as lease:
+            rank = lease.queue.priority_for(len(items), priority)
+            cost = price(items, lease.adapter.max_length)
+            reservation = lease.backlog.admit(cost, rank, deadline - time.monotonic())
             try:
-                done = await asyncio.wait_for(future, limit)
-            except asyncio.TimeoutError:
-                request.cancel()
-                raise DeadlineExceeded(f"the request did not finish within {limit:g}s") from None
-            except asyncio.CancelledError:
-                request.cancel()
-                raise
-            if done.error is not None:
-                raise done.error
-            results = tuple(r for r in done.results if r is not None)
-            if len(results) != len(items):
-                raise Cancelled("the request was cancelled before all of its items ran")
-            return Results(results, sum(p.tokens for p in prepared))
-        finally:
-            handle.inflight -= 1
-            self._lifecycle.touch(handle)
+                prepared = await lease.stage.run(items, deadline - time.monotonic())
+                reservation.reprice(sum(p.cost for p in prepared))
+                request = Request.on_loop(prepared, priority=rank, deadline=deadline)
+                lease.queue.put(request)
+                results = await request.outcome()
+            finally:
+                reservation.release()
+        if len(results) != len(items):
+            raise Cancelled("the request was cancelled before all of its items ran")
+        return Results(tuple(results), sum(p.tokens for p in prepared))
+
+    def client_priority(self, requested: int | None, *, granted: bool) -> int | None:
+        """The priority a client's request may have: lowering is free; raising it above the default
+        needs `granted` (the key's `priority` scope) or the registry's `allow_client_priority`."""
+        return client_priority(requested, may_raise=granted or self.config.allow_client_priority)
 
     # ---- validation ----------------------------------------------------------------------------
 
@@ -361,7 +338,8 @@ class Registry:
         asked, documents = await asyncio.gather(
             self.embed(model, [query], **options), self.embed(model, list(media), **options)
         )
-        return media_scores(asked, documents, multivector=Output.MULTIVECTOR in outputs)
+        # MaxSim over many pages is real compute: off the event loop, like every scoring step.
+        return await asyncio.to_thread(media_scores, asked, documents, multivector=Output.MULTIVECTOR in outputs)
 
     # ---- rerank and classify -------------------------------------------------------------------
 
@@ -399,8 +377,8 @@ class Registry:
         items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut) for d in docs)]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it.
-        scores = embedding_scores(
-            method, results.items[0], results.items[1:], mean_maxsim=adapter.kind == Kind.MULTI_OUTPUT
+        scores = await asyncio.to_thread(
+            embedding_scores, method, results.items[0], results.items[1:], mean_maxsim=adapter.kind == Kind.MULTI_OUTPUT
         )
         return ranking(docs, scores, top_n, method, results.tokens)
 

@@ -10,17 +10,20 @@ fresh batch is taken. A failure in any stage fails exactly the requests of that 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
-from model_registry.errors import BatchFailed, ModelUnavailable, RegistryError
+from model_registry.errors import BatchFailed, Cancelled, DeadlineExceeded, ModelUnavailable, RegistryError
+from model_registry.types import Item, Prepared
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,47 @@ class BatchStats:
     tokens: int
     seconds: float
     failed: bool
+
+
+class PrepareStage:
+    """The model's own prepare threads (tokenizing, decoding), bounded and inside the deadline.
+
+    Each model has its own, so one model's slow decoding never delays another model's requests.
+    Work whose caller stopped waiting is skipped when its turn comes instead of run for nobody.
+    """
+
+    def __init__(self, name: str, adapter: Adapter, threads: int) -> None:
+        self._adapter = adapter
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"{name}-prepare")
+
+    async def run(self, items: Sequence[Item], seconds: float) -> list[Prepared]:
+        """`adapter.prepare(items)` on the model's threads; `DeadlineExceeded` after `seconds`."""
+        abandoned = threading.Event()
+
+        def job() -> list[Prepared]:
+            if abandoned.is_set():
+                raise Cancelled("the caller stopped waiting before its inputs were prepared")
+            return self._adapter.prepare(items)
+
+        work = asyncio.get_running_loop().run_in_executor(self._pool, job)
+        work.add_done_callback(_retrieve)
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), max(0.0, seconds))
+        except asyncio.TimeoutError:
+            abandoned.set()
+            raise DeadlineExceeded(f"preparing the inputs took longer than the {seconds:.3g}s left") from None
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
+
+    def stop(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an abandoned prepare's error as seen: its caller has its own error already."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Worker:
@@ -144,7 +188,7 @@ class Worker:
             for entry, result in zip(batch.entries, results, strict=True):
                 entry.request.deliver(entry.prepared.index, result)
         seconds = time.perf_counter() - started
-        self.batches.record(batch.cost, seconds)
+        self.batches.record(sum(e.prepared.cost for e in batch.entries), seconds)
         if self._on_batch is not None:
             tokens = sum(e.prepared.tokens for e in batch.entries)
             self._on_batch(BatchStats(self.name, len(batch.entries), batch.cost, tokens, seconds, failed))

@@ -51,7 +51,9 @@ def test_an_injected_failure_fails_only_that_batch(serve: Any) -> None:
 
 
 def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
-    server = serve({"models": [{**fake(delay=0.5), "max_queued_items": 8, "max_batch_tokens": 8}]})
+    server = serve(
+        {"models": [{**fake(delay=0.5), "max_queued_items": 8, "max_batch_tokens": 8}], "max_inputs_per_request": 8}
+    )
     bodies = [{"model": "fake", "input": [f"item {i}"] * 8} for i in range(6)]
     with ThreadPoolExecutor(6) as pool:
         responses = list(pool.map(lambda b: post(server, b), bodies))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from model_registry import ModelState, ModelUnavailable, Registry, SyncRegistry, UnsupportedOperation
-from model_registry.adapters.fake import fake_vector
+from model_registry.adapters.fake import fake_vector, held_bytes
 from model_registry.handles import EventKind
 from tests.builders.lifecycle import budget_for, fake_model
 
@@ -210,7 +210,7 @@ def test_keep_alive_unloads_an_idle_model_but_not_a_pinned_one() -> None:
 
 
 def test_a_load_that_takes_too_long_fails_with_its_cause_and_is_retried_later() -> None:
-    config = {"models": [fake_model("a", load_delay=0.5)], "load_timeout": 0.1, "failed_retry_after": 0.3}
+    config = {"models": [fake_model("a", load_delay=0.5, allocate=True)], "load_timeout": 0.1, "failed_retry_after": 3}
 
     async def scenario(registry: Registry) -> None:
         with pytest.raises(ModelUnavailable, match="loading took longer than"):
@@ -221,7 +221,11 @@ def test_a_load_that_takes_too_long_fails_with_its_cause_and_is_retried_later() 
         assert info.state == ModelState.FAILED
         assert info.error is not None
         assert "longer than" in info.error
+        # The load's thread goes on: its memory stays charged until it has finished and is unloaded.
+        assert registry.memory()[0].charged == 10 * 2**20
+        await until(lambda: registry.memory()[0].charged == 0)
         assert registry.memory()[0].charged == 0
+        assert held_bytes() == 0
 
     run(config, scenario)
 

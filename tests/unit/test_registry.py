@@ -78,7 +78,7 @@ async def test_deadline_exceeded_when_the_model_is_too_slow() -> None:
 
 
 async def test_a_full_queue_is_overloaded_not_a_hang() -> None:
-    config = {"models": [{**fake(delay=0.3), "max_queued_items": 4}]}
+    config = {"models": [{**fake(delay=0.3), "max_queued_items": 4}], "max_inputs_per_request": 4}
     async with Registry.from_config(config) as registry:
         running = asyncio.create_task(registry.embed("fake", ["a"]))
         await asyncio.sleep(0.05)
