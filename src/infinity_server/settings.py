@@ -35,6 +35,8 @@ class ServerSettings(BaseModel):
     max_inputs_per_request: int = Field(default=2048, ge=1)
     max_input_chars: int = Field(default=100_000, ge=1)
     graceful_timeout: float = Field(default=10.0, ge=0)
+    # Clients may raise their priority above the default without a key with the `priority` scope.
+    allow_client_priority: bool = False
     # Media: what URLs may point at, how much is read, how large a decoded input may be.
     media_allow_private: bool = False
     media_allowed_hosts: tuple[str, ...] = ()
@@ -59,6 +61,7 @@ _REGISTRY_KEYS = (
     "max_input_chars",
     "max_image_pixels",
     "max_audio_seconds",
+    "allow_client_priority",
 )
 
 

@@ -39,7 +39,16 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise HTTPError(422, f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise HTTPError(422, "the request body must be a JSON object", code="invalid_body")
-    return model.model_validate(data)
+    return allowed_priority(request, model.model_validate(data))
+
+
+def allowed_priority(request: Request, body: M) -> M:
+    """`body` with the priority its caller may have (the engine's policy; see docs/reliability.md)."""
+    asked = getattr(body, "priority", None)
+    if asked is None:
+        return body
+    granted = "priority" in request.scope.get("state", {}).get("scopes", frozenset())
+    return body.model_copy(update={"priority": registry_of(request).client_priority(asked, granted=granted)})
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
