@@ -19,6 +19,7 @@ from infinity_server.errors import HTTPError, error_response, handle_exception, 
 from infinity_server.metrics import Metrics
 from infinity_server.settings import Settings
 from model_registry import Registry
+from model_registry.admission import arrival
 from model_registry.errors import RegistryError
 
 _OPEN_PATHS = frozenset({"/health", "/ready"})
@@ -106,6 +107,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         started, status = time.perf_counter(), 500
+        arrival.set(time.monotonic())  # the request's deadline counts from here
 
         async def recording(message: Message) -> None:
             nonlocal status

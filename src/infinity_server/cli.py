@@ -48,6 +48,9 @@ async def _serve(args: argparse.Namespace) -> None:
     config.bind = [f"{settings.server.host}:{settings.server.port}"]
     config.graceful_timeout = settings.server.graceful_timeout
     config.accesslog = None
+    # Hypercorn's default of 100 drops a burst's extra SYNs: their clients then wait 1-3 s in TCP
+    # retransmits before the server, and its deadlines, even see them.
+    config.backlog = 2048
     config.errorlog = logging.getLogger("hypercorn.error")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -11,8 +11,10 @@ Priority is the server's policy: `client_priority` is the one place a client's w
 
 from __future__ import annotations
 
+import contextvars
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +28,17 @@ CHARS_PER_TOKEN = 3
 MEDIA_COST = 256
 #: The class a request gets when it does not ask: bulk work. Raising above it needs permission.
 BULK = 0
+
+
+#: When the current request reached the server (`time.monotonic()`), set by the edge as it
+#: arrives: its deadline counts from then, so time spent reading and parsing the body counts too.
+arrival: contextvars.ContextVar[float | None] = contextvars.ContextVar("arrival", default=None)
+
+
+def deadline_after(seconds: float) -> float:
+    """The monotonic deadline of the current request: `seconds` after it arrived (or from now)."""
+    arrived = arrival.get()
+    return (time.monotonic() if arrived is None else arrived) + seconds
 
 
 def client_priority(requested: int | None, *, may_raise: bool) -> int | None:

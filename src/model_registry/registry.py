@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from model_registry.adapters import Adapter
-from model_registry.admission import client_priority, price
+from model_registry.admission import client_priority, deadline_after, price
 from model_registry.batching import Request
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
@@ -227,8 +227,7 @@ class Registry:
         handle = self._handle(model)
         if not self._started:
             raise ModelUnavailable("the registry is not started (use 'async with Registry(...)' or start())")
-        limit = timeout or self.config.request_timeout
-        deadline = time.monotonic() + limit
+        deadline = deadline_after(timeout or self.config.request_timeout)
         async with self._lifecycle.lease(handle) as lease:
             rank = lease.queue.priority_for(len(items), priority)
             cost = price(items, lease.adapter.max_length)
