@@ -213,7 +213,8 @@ class Lifecycle:
             max_image_pixels=self.config.max_image_pixels,
             max_audio_seconds=self.config.max_audio_seconds,
         )
-        need = handle.footprint or adapter.estimate(options) or 0
+        # Estimating reads weight files (sizes, maybe headers): off the loop like the load itself.
+        need = handle.footprint or await self._off_loop(deadline, None, adapter.estimate, options) or 0
         await self._fit(handle, need, real=True)
         try:
             measured = await self._off_loop(deadline, handle, memory.load_and_measure, adapter, options, handle.device)

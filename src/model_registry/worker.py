@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from model_registry import memory
 from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
 from model_registry.errors import BatchFailed, Cancelled, DeadlineExceeded, ModelUnavailable, RegistryError
@@ -100,6 +101,7 @@ class Worker:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy = False
+        self._gate = memory.gate(memory.memory_device(str(getattr(adapter, "device", "cpu"))))
 
     def start(self) -> None:
         self._stop.clear()
@@ -174,7 +176,8 @@ class Worker:
         started = time.perf_counter()
         failed = False
         try:
-            output = self.adapter.forward(collated)
+            with self._gate.shared():  # a load measuring its peak on this device runs alone
+                output = self.adapter.forward(collated)
             results = self.adapter.postprocess(collated, output)
             if len(results) != len(batch.entries):
                 raise RuntimeError(
