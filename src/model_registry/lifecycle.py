@@ -214,7 +214,10 @@ class Lifecycle:
             max_audio_seconds=self.config.max_audio_seconds,
         )
         # Estimating reads weight files (sizes, maybe headers): off the loop like the load itself.
-        need = handle.footprint or await self._off_loop(deadline, None, adapter.estimate, options) or 0
+        need = handle.footprint
+        if not need:
+            estimate: int | None = await self._off_loop(deadline, None, adapter.estimate, options)
+            need = estimate or 0
         await self._fit(handle, need, real=True)
         try:
             measured = await self._off_loop(deadline, handle, memory.load_and_measure, adapter, options, handle.device)
