@@ -66,7 +66,8 @@ def test_rss_returns_close_to_its_level_before_the_load() -> None:
     for _, loaded, after in cycles:
         grew, back = loaded - before, loaded - after
         print(
-            f"load +{format_bytes(grew)}, unload -{format_bytes(back)}, above the baseline {format_bytes(after - baseline)}"
+            f"load +{format_bytes(grew)}, unload -{format_bytes(back)}, "
+            f"above the baseline {format_bytes(after - baseline)}"
         )
         assert back >= 40 * MIB, f"the unload gave back only {format_bytes(back)}"
         before = after
