@@ -5,8 +5,9 @@
 Against a server process serving the bundled all-MiniLM-L6-v2 on a loopback port:
 1. capacity: bulk requests of `--inputs` texts, two at a time, for a few seconds -> requests/s;
 2. flood: for `--seconds`, bulk requests arrive at `--factor` x capacity (open loop: arrivals do
-   not wait for answers), with a one-sentence query every 0.2 s and a malformed request every
-   0.5 s (broken JSON, a text/plain body, wrong types, an empty input, an unknown model);
+   not wait for answers), with one-sentence queries asking for `--small-share` of the server's
+   time (at most 5 a second) and a malformed request every 0.5 s (broken JSON, a text/plain
+   body, wrong types, an empty input, an unknown model);
 3. recovery: once arrivals stop, how long until a small query is answered as fast as before.
 Prints the status mix per kind of request, the share answered after their deadline (target 0),
 the small queries' p50/p99, the server's peak RSS and the recovery time, with the load average.
@@ -132,7 +133,7 @@ async def flood(url: str, args: argparse.Namespace, pid: int) -> None:
     until = time.monotonic() + args.seconds
     streams = await asyncio.gather(
         arrivals(args.factor * per_second, until, lambda: one("bulk", bulk)),
-        arrivals(5.0, until, lambda: one("small", small)),
+        arrivals(min(5.0, args.small_share / normal), until, lambda: one("small", small)),
         arrivals(2.0, until, lambda: one("malformed", bad[next(counter) % len(bad)])),
     )
     recovered = await recovery(url, small, normal)
@@ -170,6 +171,9 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=10.0, help="the server's request_timeout")
     parser.add_argument("--inputs", type=int, default=64, help="texts per bulk request")
     parser.add_argument("--measure", type=float, default=5.0, help="seconds spent measuring capacity")
+    parser.add_argument(
+        "--small-share", type=float, default=0.3, help="share of the server's time small queries ask for (at most 5/s)"
+    )
     args = parser.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:

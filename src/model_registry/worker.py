@@ -95,7 +95,7 @@ class Worker:
         self.adapter = adapter
         self.batches = batches
         self._on_batch = on_batch
-        self._handoff: queue.Queue[tuple[Batch, Any]] = queue.Queue(maxsize=1)
+        self._handoff: queue.Queue[tuple[Batch, Any, float]] = queue.Queue(maxsize=1)
         self._slot_free = threading.Event()
         self._slot_free.set()
         self._stop = threading.Event()
@@ -121,7 +121,7 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout)
         while not self._handoff.empty():
-            batch, _ = self._handoff.get_nowait()
+            batch, _, _ = self._handoff.get_nowait()
             self._fail(batch, ModelUnavailable(f"the model '{self.name}' was unloaded before this request ran"))
 
     @property
@@ -149,17 +149,18 @@ class Worker:
         batch = self.batches.next_batch(timeout=_POLL)
         if batch is None:
             return
+        started = time.perf_counter()
         try:
             collated = self.adapter.collate([e.prepared for e in batch.entries])
         except Exception as error:
             self._fail(batch, error)
             return
         self._slot_free.clear()
-        self._handoff.put((batch, collated))
+        self._handoff.put((batch, collated, time.perf_counter() - started))
 
     def _forward_once(self) -> None:
         try:
-            batch, collated = self._handoff.get(timeout=_POLL)
+            batch, collated, collating = self._handoff.get(timeout=_POLL)
         except queue.Empty:
             return
         self.busy = True
@@ -168,11 +169,11 @@ class Worker:
             if not batch.live() or self.batches.outranks(batch):
                 self.batches.requeue(batch.entries)
                 return
-            self._run(batch, collated)
+            self._run(batch, collated, collating)
         finally:
             self.busy = False
 
-    def _run(self, batch: Batch, collated: Any) -> None:
+    def _run(self, batch: Batch, collated: Any, collating: float) -> None:
         started = time.perf_counter()
         failed = False
         try:
@@ -191,7 +192,8 @@ class Worker:
             for entry, result in zip(batch.entries, results, strict=True):
                 entry.request.deliver(entry.prepared.index, result)
         seconds = time.perf_counter() - started
-        self.batches.record(sum(e.prepared.cost for e in batch.entries), seconds)
+        # Admission plans with every stage a batch goes through, not the forward pass alone.
+        self.batches.record(sum(e.prepared.cost for e in batch.entries), collating + seconds)
         if self._on_batch is not None:
             tokens = sum(e.prepared.tokens for e in batch.entries)
             self._on_batch(BatchStats(self.name, len(batch.entries), batch.cost, tokens, seconds, failed))

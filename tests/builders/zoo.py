@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 
 from tests.builders.text import bpe_tokenizer, wordpiece_tokenizer, write_json
 
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+SMALL: dict[str, Any] = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
 def tiny_cross_encoder(root: Path, *, labels: int = 1, seed: int = 0, max_length: int = 128) -> Path:
