@@ -47,7 +47,9 @@ def test_an_injected_failure_fails_only_that_batch(serve: Any) -> None:
     assert "injected failure" in responses[0].json()["error"]["message"]
     for body, response in zip(bodies[1:], responses[1:], strict=True):
         assert response.status_code == 200, response.text
-        np.testing.assert_allclose(response.json()["data"][0]["embedding"], fake_vector(body["input"][0], 8), atol=1e-6)
+        texts = body["input"]
+        assert isinstance(texts, list)
+        np.testing.assert_allclose(response.json()["data"][0]["embedding"], fake_vector(texts[0], 8), atol=1e-6)
 
 
 def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:

@@ -8,11 +8,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from model_registry import ModelState, ModelUnavailable, Registry, SyncRegistry, UnsupportedOperation
 from model_registry.adapters.fake import fake_vector, held_bytes
 from model_registry.handles import EventKind
+from model_registry.types import Embedding, Result
 from tests.builders.lifecycle import budget_for, fake_model
 
 T = TypeVar("T")
@@ -33,6 +35,12 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         if condition() or time.monotonic() > deadline:
             return
         await asyncio.sleep(0.01)
+
+
+def dense(result: Result) -> npt.NDArray[np.float32]:
+    assert isinstance(result, Embedding)
+    assert result.dense is not None
+    return result.dense
 
 
 def evicted(registry: Registry) -> list[str]:
@@ -57,8 +65,7 @@ def test_alternating_over_three_models_with_room_for_two_evicts_in_lru_order() -
     async def scenario(registry: Registry) -> None:
         for name in "abcabcab":
             result = await registry.embed(name, [f"hello {name}"])
-            vector = result.items[0].dense  # type: ignore[union-attr]
-            np.testing.assert_allclose(vector, fake_vector(f"hello {name}", 8))
+            np.testing.assert_allclose(dense(result.items[0]), fake_vector(f"hello {name}", 8))
         # a b fill the budget; each later load evicts the one used longest ago.
         assert evicted(registry) == ["a", "b", "c", "a", "b", "c"]
         assert states(registry) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
@@ -235,7 +242,7 @@ def test_a_script_juggles_models_without_a_server() -> None:
     with SyncRegistry.from_config(config) as registry:
         for name in "abcab":
             result = registry.embed(name, ["juggled"])
-            np.testing.assert_allclose(result.items[0].dense, fake_vector("juggled", 8))  # type: ignore[union-attr]
+            np.testing.assert_allclose(dense(result.items[0]), fake_vector("juggled", 8))
         registry.unload("a")
         loaded = {i.name for i in registry.infos() if i.state == ModelState.LOADED}
         assert loaded == {"b"}
