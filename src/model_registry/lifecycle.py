@@ -33,18 +33,15 @@ from typing import Any, TypeVar
 
 from model_registry import memory
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
-from model_registry.admission import Backlog
-from model_registry.batching import BatchQueue
-from model_registry.config import ModelSpec, RegistryConfig
+from model_registry.config import RegistryConfig
 from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
 from model_registry.handles import DeviceUsage, EventKind, Lease, LifecycleEvent, ModelHandle
-from model_registry.types import Kind, ModelState
-from model_registry.worker import BatchStats, PrepareStage, Worker
+from model_registry.parts import assemble, batch_tokens, memory_device_of, release, release_quietly
+from model_registry.types import ModelState
+from model_registry.worker import BatchStats
 
 log = logging.getLogger(__name__)
 
-_CPU_BATCH_TOKENS = 1024
-_GPU_BATCH_TOKENS = 16384
 _DRAIN_POLL = 0.02
 
 T = TypeVar("T")
@@ -171,7 +168,8 @@ class Lifecycle:
                     done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
                 done.exception()  # retrieved here so that an unawaited failure is not reported as lost
             else:
-                self._start_worker(handle, adapter)
+                assemble(handle, adapter, self.config, self._on_batch)
+                self.touch(handle)
                 seconds = time.perf_counter() - started
                 log.info("model '%s' loaded in %.2fs (%s)", spec.name, seconds, memory.format_bytes(handle.footprint))
                 self._emit(
@@ -205,11 +203,11 @@ class Lifecycle:
         spec = handle.spec
         deadline = time.monotonic() + self.config.load_timeout
         adapter = await self._off_loop(deadline, None, create_adapter, spec)
-        handle.device = self._device(spec)
+        handle.device = memory_device_of(spec)
         options = LoadOptions(
             device=spec.device,
             dtype=spec.dtype,
-            max_batch_tokens=self._batch_tokens(spec),
+            max_batch_tokens=batch_tokens(spec),
             max_image_pixels=self.config.max_image_pixels,
             max_audio_seconds=self.config.max_audio_seconds,
         )
@@ -225,7 +223,7 @@ class Lifecycle:
             raise  # the charge moved to the late load in `_off_loop`
         except Exception:
             # Whatever part of the model made it into memory goes back before the charge does.
-            await asyncio.to_thread(self._release_quietly, adapter, handle.device)
+            await asyncio.to_thread(release_quietly, adapter, handle.device)
             handle.charged = 0
             raise
         except BaseException:
@@ -235,7 +233,7 @@ class Lifecycle:
         try:
             await self._fit(handle, measured, real=False)
         except InsufficientMemory:
-            await asyncio.to_thread(self._release, adapter, handle.device)
+            await asyncio.to_thread(release, adapter, handle.device)
             raise
         return adapter
 
@@ -260,38 +258,9 @@ class Lifecycle:
     async def _unload_late(self, work: asyncio.Future[Any], adapter: Adapter, device: str, held: int) -> None:
         try:
             await asyncio.gather(work, return_exceptions=True)
-            await asyncio.to_thread(self._release_quietly, adapter, device)
+            await asyncio.to_thread(release_quietly, adapter, device)
         finally:
             self._late[device] -= held
-
-    def _start_worker(self, handle: ModelHandle, adapter: Adapter) -> None:
-        batch_tokens = self._batch_tokens(handle.spec, adapter)
-        queue = BatchQueue(
-            max_batch_tokens=batch_tokens,
-            max_items=handle.spec.max_queued_items,
-            batch_cost=adapter.batch_cost,
-            small_request_items=self.config.small_request_items,
-            aging=self.config.aging_seconds,
-        )
-        worker = Worker(handle.spec.name, adapter, queue, on_batch=self._on_batch)
-        worker.start()
-        handle.backlog = Backlog(lambda: queue.rate, headroom=self.config.admission_headroom, probe=4 * batch_tokens)
-        handle.stage = PrepareStage(handle.spec.name, adapter, self.config.prepare_threads)
-        handle.adapter, handle.queue, handle.worker = adapter, queue, worker
-        handle.state = ModelState.LOADED
-        self.touch(handle)
-
-    @staticmethod
-    def _device(spec: ModelSpec) -> str:
-        # The fake model holds host memory whatever device it is given.
-        return "cpu" if spec.kind == Kind.FAKE else memory.memory_device(spec.device)
-
-    @staticmethod
-    def _batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
-        if spec.max_batch_tokens:
-            return spec.max_batch_tokens
-        device = str(getattr(adapter, "device", spec.device))
-        return _GPU_BATCH_TOKENS if device.startswith("cuda") else _CPU_BATCH_TOKENS
 
     # ---- making room ---------------------------------------------------------------------------
 
@@ -394,7 +363,7 @@ class Lifecycle:
                 if worker is not None:
                     await asyncio.to_thread(worker.stop)
                 del worker
-                await asyncio.to_thread(self._release, adapter, handle.device)
+                await asyncio.to_thread(release, adapter, handle.device)
             finally:
                 handle.charged = 0
             seconds = time.perf_counter() - started
@@ -414,20 +383,6 @@ class Lifecycle:
             # Whether or not the unload follows, waiting callers re-check the model's state.
             handle.draining = False
             handle.undrained.set()
-
-    @staticmethod
-    def _release(adapter: Adapter, device: str) -> None:
-        adapter.unload()
-        del adapter
-        memory.release(device)
-
-    @classmethod
-    def _release_quietly(cls, adapter: Adapter, device: str) -> None:
-        """`_release` after a failed load: the adapter may be half loaded, so its unload may fail."""
-        try:
-            cls._release(adapter, device)
-        except Exception:
-            log.exception("unloading the remains of a failed load of %s raised", type(adapter).__name__)
 
     async def unload_by_request(self, handle: ModelHandle) -> None:
         """An operator's unload: refused for pinned models, waits for work in flight to finish."""

@@ -14,6 +14,7 @@ from model_registry import ModelState, Registry
 from model_registry.adapters import LoadOptions
 from model_registry.handles import EventKind
 from model_registry.memory import format_bytes, process_rss, release, weight_bytes, worst_case_items
+from model_registry.parts import batch_tokens
 from model_registry.sources import resolve_source
 from tests.builders.text import tiny_bert
 from tests.conftest import REPO
@@ -87,7 +88,7 @@ def test_footprint_estimate_before_the_load_matches_the_measure_after(tmp_path: 
                 await registry.embed(name, ["x"])
                 handle = registry._handles[name]
                 assert handle.adapter is not None
-                options = LoadOptions("cpu", "auto", registry._lifecycle._batch_tokens(handle.spec))
+                options = LoadOptions("cpu", "auto", batch_tokens(handle.spec))
                 estimate = handle.adapter.estimate(options)
                 measured = registry.info(name).footprint_bytes
                 assert measured is not None
