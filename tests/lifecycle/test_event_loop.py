@@ -13,7 +13,7 @@ import pytest
 
 from tests.builders.zoo import tiny_colbert
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LARGEST = 2048  # the default max_inputs_per_request
 
