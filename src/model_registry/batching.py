@@ -10,9 +10,10 @@ How a batch is chosen, each time the worker asks for one:
    been served the least cost so far (fair sharing: a request joins its class at the service level
    of the least-served one waiting, so neither an old bulk request nor a new one can starve the
    other). Aging: when a request of a lower class has waited `aging` seconds without progress and
-   no aged batch was given in the last `aging` seconds, that request (the one waiting longest) is
-   the head instead. So every request progresses by at least one batch per `aging` seconds per
-   request ahead of it, and a higher class loses at most one batch per `aging` seconds to aging.
+   no aged batch was given in the last `aging` seconds nor as the previous batch, that request
+   (the one waiting longest) is the head instead. So every request progresses by at least one
+   batch per max(`aging`, two batch times) per request ahead of it, and a higher class loses at
+   most one batch in `aging` seconds, and never two in a row, to aging.
 3. A window of the head's class and group (up to `window` batches' worth of cost, the head
    request first, then the others by service level) is sorted by cost and cut into batches that
    fit `max_batch_tokens` with padding counted; the batch holding the head's oldest item is
@@ -181,6 +182,7 @@ class BatchQueue:
         self._cond = threading.Condition()
         self._closed = False
         self._last_aged = -math.inf
+        self._aged_last = False  # the last batch taken was an aged one
         self._rate = 0.0  # item cost per second, smoothed; for Retry-After and admission
 
     # ---- the event loop's side -----------------------------------------------------------------
@@ -316,11 +318,14 @@ class BatchQueue:
         """The request the next batch serves, and whether aging chose it (see the module doc)."""
         now = self._clock()
         top = max(r.priority for r in self._pending)
-        if now - self._last_aged >= self.aging:
+        # Never two aged batches in a row: with batches slower than `aging`, the higher class
+        # still gets every other batch.
+        if not self._aged_last and now - self._last_aged >= self.aging:
             starving = [r for r in self._pending if r.priority < top and now - r.progressed_at >= self.aging]
             if starving:
-                self._last_aged = now
+                self._last_aged, self._aged_last = now, True
                 return min(starving, key=lambda r: (r.progressed_at, r.seq)), True
+        self._aged_last = False
         return min((r for r in self._pending if r.priority == top), key=lambda r: (r.served, r.seq)), False
 
     def _take(self) -> Batch:

@@ -191,6 +191,22 @@ def test_bulk_work_ages_past_a_steady_stream_of_small_queries() -> None:
     assert taken == "SSSSBSSSBSSS"
 
 
+def test_with_batches_slower_than_the_aging_interval_small_queries_keep_every_other_batch() -> None:
+    now = [0.0]
+    queue = make_queue(max_batch_tokens=10, aging=1.0, clock=lambda: now[0])
+    bulk = request([10] * 20, priority=0)
+    queue.put(bulk)
+    names = {bulk: "B"}
+    taken = ""
+    for step in range(6):
+        now[0] = step * 2.0  # each batch takes two aging intervals
+        small = request([10], priority=1)
+        names[small] = "S"
+        queue.put(small)
+        taken += order_of(queue, names, 1)
+    assert taken == "SBSBSB"
+
+
 def test_an_aged_batch_is_not_given_back_when_higher_work_arrives() -> None:
     now = [0.0]
     queue = make_queue(max_batch_tokens=10, aging=1.0, clock=lambda: now[0])
