@@ -145,7 +145,7 @@ def serve_in_thread(config: dict[str, Any]) -> tuple[Any, str, Any]:
     hyper.bind, hyper.accesslog, hyper.graceful_timeout = [f"127.0.0.1:{port}"], None, 1
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(app, hyper, shutdown_trigger=stop.wait),))
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(app, hyper, shutdown_trigger=stop.wait),))  # type: ignore[arg-type]
     thread.start()
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):

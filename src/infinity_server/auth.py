@@ -28,7 +28,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from infinity_server.errors import HTTPError, error_response, shape_of
+from infinity_server.errors import error_response, shape_of
 from infinity_server.settings import ApiKeySpec, ServerSettings
 from model_registry.config import format_validation_error
 from model_registry.errors import ConfigError
@@ -75,8 +75,9 @@ class KeyRing:
 
     @property
     def anonymous_scopes(self) -> frozenset[str]:
-        """What a caller holds when no key is configured (admin only when explicitly enabled)."""
-        return ALL_SCOPES if self.admin_routes else ALL_SCOPES - {ADMIN}
+        """What a caller holds when no key is configured: admin only when explicitly enabled, and never
+        `priority` (anyone could then starve everyone; `server.allow_client_priority` opens it)."""
+        return (ALL_SCOPES if self.admin_routes else ALL_SCOPES - {ADMIN}) - {PRIORITY}
 
 
 def _secret(spec: ApiKeySpec, environ: Mapping[str, str]) -> bytes:
@@ -185,18 +186,6 @@ class Authenticate:
         await self.app(scope, receive, send)
 
 
-def check_priority(scope: Scope, priority: int | None, allow_client_priority: bool) -> None:
-    """A client may lower its priority freely; above 0 it needs the `priority` scope (or the setting).
-
-    403 `insufficient_scope` otherwise: a silent clamp would hide why a request was not favoured.
-    """
-    if priority is None or priority <= 0 or allow_client_priority:
-        return
-    if PRIORITY not in scope.get("state", {}).get("scopes", ALL_SCOPES):
-        raise HTTPError(
-            403,
-            f"priority {priority} needs a key with the 'priority' scope (or server.allow_client_priority: true); "
-            "any client may ask for 0 or less",
-            code="insufficient_scope",
-            param="priority",
-        )
+def has_scope(scope: Scope, name: str) -> bool:
+    """Whether the request's key has scope `name` (`Authenticate` puts the scopes on every request)."""
+    return name in scope.get("state", {}).get("scopes", frozenset())

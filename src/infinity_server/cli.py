@@ -58,6 +58,9 @@ async def _serve(args: argparse.Namespace) -> None:
     # after it is cut short.
     config.graceful_timeout = 1.0
     config.accesslog = None
+    # Hypercorn's default of 100 drops a burst's extra SYNs: their clients then wait 1-3 s in TCP
+    # retransmits before the server, and its deadlines, even see them.
+    config.backlog = 2048
     config.errorlog = logging.getLogger("hypercorn.error")
     app = create_app(settings)
     signalled, stop = asyncio.Event(), asyncio.Event()

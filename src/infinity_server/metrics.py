@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model_registry import Registry
+from model_registry.admission import arrival
 from model_registry.handles import EventKind, LifecycleEvent
 from model_registry.timing import StageTimes
 from model_registry.worker import BatchStats
@@ -136,6 +137,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         started, status = time.perf_counter(), 500
+        arrival.set(time.monotonic())  # the request's deadline counts from here
 
         async def recording(message: Message) -> None:
             nonlocal status

@@ -111,6 +111,7 @@ _REGISTRY_KEYS = (
     "max_image_aspect_ratio",
     "max_media_expansion",
     "max_audio_samples",
+    "allow_client_priority",
 )
 
 

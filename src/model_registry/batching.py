@@ -1,24 +1,34 @@
 """The per-model queue: requests in, cost-packed batches out.
 
 One owner per queue and a tiny API: `put` (from the event loop), `next_batch` / `requeue` /
-`outranks` (from the model's worker threads). Thread-safe.
+`outranks` / `record` (from the model's worker threads). Thread-safe.
 
 How a batch is chosen, each time the worker asks for one:
 1. Items of cancelled or expired requests are dropped (expired requests fail with
    `DeadlineExceeded`), so no compute is spent on a client that has gone.
-2. Requests are ranked by priority (higher first), then by arrival. The oldest item of the top
-   request is the *head*: the next batch always contains it, so nothing starves.
-3. A window of the head's priority class and group (up to `window` batches' worth of cost,
-   oldest requests first) is sorted by cost and cut into batches that fit `max_batch_tokens`
-   with padding counted; the batch holding the head is returned.
+2. The *head request* is chosen. Normally it is the request of the highest priority class that has
+   been served the least cost so far (fair sharing: a request joins its class at the service level
+   of the least-served one waiting, so neither an old bulk request nor a new one can starve the
+   other). Aging: when a request of a lower class has waited `aging` seconds without progress and
+   no aged batch was given in the last `aging` seconds nor as the previous batch, that request
+   (the one waiting longest) is the head instead. So every request progresses by at least one
+   batch per max(`aging`, two batch times) per request ahead of it, and a higher class loses at
+   most one batch in `aging` seconds, and never two in a row, to aging.
+3. A window of the head's class and group (up to `window` batches' worth of cost, the head
+   request first, then the others by service level) is sorted by cost and cut into batches that
+   fit `max_batch_tokens` with padding counted; the batch holding the head's oldest item is
+   returned.
 
-A small request (at most `small_request_items` items) ranks above bulk ones unless the caller set a
-priority, and batches never mix priority classes: a single search query waits for the batch in
-flight, then runs in a batch of its own kind instead of behind a bulk backlog.
+A small request (at most `small_request_items` items) ranks above bulk ones by default, and
+batches never mix priority classes: a single search query waits for the batch in flight, then runs
+in a batch of its own kind instead of behind a bulk backlog. The policy and its worst-case bounds
+are written out in docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -39,7 +49,8 @@ class Request:
     """One caller's call: its prepared items and where their results go.
 
     `on_done` is called exactly once, from whichever thread finishes the request, with the request
-    itself; `error` is set when it failed.
+    itself; `error` is set when it failed. A caller on an event loop builds it with `on_loop` and
+    awaits `outcome()`: the request itself carries the bridge from the worker's thread to the loop.
     """
 
     prepared: Sequence[Prepared]
@@ -53,12 +64,54 @@ class Request:
     cancelled: bool = False
     # Each batch that ran some of its items, appended by the worker before it delivers them.
     batches: list[BatchTimes] = field(default_factory=list)
+    #: Cost taken into batches so far, counted from the service level it joined its class at.
+    served: int = 0
+    #: When it last got items into a batch (or was queued): its wait, for aging.
+    progressed_at: float = 0.0
     _finished: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _settled: asyncio.Future[Request] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.prepared)
         self.remaining = len(self.prepared)
+
+    @classmethod
+    def on_loop(cls, prepared: Sequence[Prepared], *, priority: int, deadline: float) -> Request:
+        """A request completed on the running event loop: await `outcome()` for its results."""
+        loop = asyncio.get_running_loop()
+        settled: asyncio.Future[Request] = loop.create_future()
+
+        def settle(request: Request) -> None:
+            if not settled.done():
+                settled.set_result(request)
+
+        def on_done(request: Request) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(settle, request)
+
+        request = cls(prepared, priority=priority, deadline=deadline, on_done=on_done)
+        request._settled = settled
+        return request
+
+    async def outcome(self, clock: Callable[[], float] = time.monotonic) -> list[Result]:
+        """Every item's result, in order; the request's error, or `DeadlineExceeded` at its deadline.
+
+        A caller that stops waiting (deadline or cancellation) cancels the request, so its pending
+        items are dropped before they reach the model."""
+        assert self._settled is not None, "This is a bug: outcome() needs a request built by on_loop()"
+        limit = self.deadline - clock()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._settled), max(0.0, limit))
+        except asyncio.TimeoutError:
+            self.cancel()
+            raise DeadlineExceeded(f"the request did not finish within its deadline ({limit:.3g}s left)") from None
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        if self.error is not None:
+            raise self.error
+        return [r for r in self.results if r is not None]
 
     @property
     def finished(self) -> bool:
@@ -100,6 +153,8 @@ class Batch:
     cost: int
     priority: int
     group: str
+    #: Chosen by aging, ahead of higher classes: not given back when they outrank it.
+    aged: bool = False
 
     def live(self) -> bool:
         return all(not e.request.cancelled and not e.request.finished for e in self.entries)
@@ -114,11 +169,13 @@ class BatchQueue:
         batch_cost: Callable[[int, int, int], int],
         small_request_items: int = 8,
         window: int = 4,
+        aging: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_batch_tokens = max_batch_tokens
         self.max_items = max_items
         self.small_request_items = small_request_items
+        self.aging = aging
         self._batch_cost = batch_cost
         self._window = window
         self._clock = clock
@@ -127,11 +184,15 @@ class BatchQueue:
         self._pending_cost = 0
         self._cond = threading.Condition()
         self._closed = False
-        self._rate = 0.0  # cost units per second, smoothed; for Retry-After
+        self._last_aged = -math.inf
+        self._aged_last = False  # the last batch taken was an aged one
+        self._rate = 0.0  # item cost per second, smoothed; for Retry-After and admission
 
     # ---- the event loop's side -----------------------------------------------------------------
 
     def priority_for(self, n_items: int, requested: int | None) -> int:
+        """The class of a request: `requested` if given (already allowed by `client_priority`),
+        else 1 for a small request and 0 for bulk."""
         if requested is not None:
             return requested
         return 1 if n_items <= self.small_request_items else 0
@@ -148,6 +209,9 @@ class BatchQueue:
                     retry_after=self._retry_after(),
                 )
             if entries:
+                peers = [r.served for r in self._pending if r.priority == request.priority]
+                request.served = min(peers, default=0)
+                request.progressed_at = self._clock()
                 self._pending[request] = entries
                 self._count += len(entries)
                 self._pending_cost += sum(e.prepared.cost for e in entries)
@@ -162,6 +226,11 @@ class BatchQueue:
     def pending_cost(self) -> int:
         """The summed cost (tokens, for text models) of the items waiting."""
         return self._pending_cost
+
+    @property
+    def rate(self) -> float:
+        """Measured item cost per second of forward time (0 before the first batch)."""
+        return self._rate
 
     def close(self) -> list[Request]:
         """Stop accepting work; returns the requests that still had items waiting."""
@@ -197,25 +266,36 @@ class BatchQueue:
         return batch
 
     def requeue(self, entries: Sequence[Entry]) -> None:
-        """Put taken entries back at the front of their requests (order kept)."""
+        """Put taken entries back at the front of their requests (order kept). After `close`,
+        their requests fail at once: nobody would ever take them again."""
         with self._cond:
-            for entry in reversed(entries):
-                if entry.request.cancelled or entry.request.finished:
-                    continue
-                self._pending.setdefault(entry.request, deque()).appendleft(entry)
-                self._count += 1
-                self._pending_cost += entry.prepared.cost
-            # Keep arrival order among requests after re-inserting.
-            self._pending = dict(sorted(self._pending.items(), key=lambda kv: kv[0].seq))
-            self._cond.notify_all()
+            if self._closed:
+                gone = {e.request for e in entries}
+            else:
+                gone = set()
+                for entry in reversed(entries):
+                    if entry.request.cancelled or entry.request.finished:
+                        continue
+                    self._pending.setdefault(entry.request, deque()).appendleft(entry)
+                    self._count += 1
+                    self._pending_cost += entry.prepared.cost
+                    entry.request.served -= entry.prepared.cost
+                # Keep arrival order among requests after re-inserting.
+                self._pending = dict(sorted(self._pending.items(), key=lambda kv: kv[0].seq))
+                self._cond.notify_all()
+        for request in gone:
+            request.fail(ModelUnavailable("the model was unloaded before this request ran"))
 
     def outranks(self, batch: Batch) -> bool:
-        """Whether live work of a higher priority than `batch` is waiting."""
+        """Whether live work of a higher priority than `batch` is waiting (an aged batch keeps
+        its turn: giving it back would undo the aging)."""
+        if batch.aged:
+            return False
         with self._cond:
             return any(r.priority > batch.priority and not r.cancelled for r in self._pending)
 
     def record(self, cost: int, seconds: float) -> None:
-        """Feed the throughput estimate behind Retry-After."""
+        """Feed the throughput estimate behind admission and Retry-After (item cost, no padding)."""
         if seconds > 0:
             rate = cost / seconds
             self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
@@ -242,14 +322,31 @@ class BatchQueue:
                 expired.append(request)
         return expired
 
+    def _head(self) -> tuple[Request, bool]:
+        """The request the next batch serves, and whether aging chose it (see the module doc)."""
+        now = self._clock()
+        top = max(r.priority for r in self._pending)
+        # Never two aged batches in a row: with batches slower than `aging`, the higher class
+        # still gets every other batch.
+        if not self._aged_last and now - self._last_aged >= self.aging:
+            starving = [r for r in self._pending if r.priority < top and now - r.progressed_at >= self.aging]
+            if starving:
+                self._last_aged, self._aged_last = now, True
+                return min(starving, key=lambda r: (r.progressed_at, r.seq)), True
+        self._aged_last = False
+        return min((r for r in self._pending if r.priority == top), key=lambda r: (r.served, r.seq)), False
+
     def _take(self) -> Batch:
-        ranked = sorted(self._pending, key=lambda r: (-r.priority, r.seq))
-        head = self._pending[ranked[0]][0]
-        priority, group = ranked[0].priority, head.prepared.group
+        first, aged = self._head()
+        head = self._pending[first][0]
+        priority, group = first.priority, head.prepared.group
+        peers = sorted(
+            (r for r in self._pending if r.priority == priority and r is not first), key=lambda r: (r.served, r.seq)
+        )
         window: list[Entry] = []
         budget = self._window * self.max_batch_tokens
-        for request in ranked:
-            if request.priority != priority or budget <= 0:
+        for request in (first, *peers):
+            if budget <= 0:
                 break
             for entry in self._pending[request]:
                 if entry.prepared.group == group:
@@ -257,17 +354,22 @@ class BatchQueue:
                     budget -= entry.prepared.cost
         window.sort(key=lambda e: e.prepared.cost)
         chosen = self._cut(window, head)
-        taken = set(map(id, chosen))
+        self._remove(chosen)
+        costs = [e.prepared.cost for e in chosen]
+        return Batch(tuple(chosen), self._batch_cost(len(costs), max(costs), sum(costs)), priority, group, aged)
+
+    def _remove(self, chosen: list[Entry]) -> None:
+        taken, now = set(map(id, chosen)), self._clock()
         for request in {e.request for e in chosen}:
             kept = deque(e for e in self._pending[request] if id(e) not in taken)
             self._count -= len(self._pending[request]) - len(kept)
+            request.served += sum(e.prepared.cost for e in self._pending[request] if id(e) in taken)
+            request.progressed_at = now
             if kept:
                 self._pending[request] = kept
             else:
                 del self._pending[request]
         self._pending_cost -= sum(e.prepared.cost for e in chosen)
-        costs = [e.prepared.cost for e in chosen]
-        return Batch(tuple(chosen), self._batch_cost(len(costs), max(costs), sum(costs)), priority, group)
 
     def _cut(self, window: list[Entry], head: Entry) -> list[Entry]:
         """Cut the cost-sorted window into budget-sized runs; return the run holding `head`."""

@@ -93,12 +93,30 @@ class RegistryConfig(_Frozen):
     max_image_aspect_ratio: float = Field(default=200.0, ge=1)
     max_media_expansion: float = Field(default=256.0, ge=1)
     max_audio_samples: int = Field(default=16_000_000, ge=1)
+    #: A request waiting this long without progress gets the next batch ahead of higher classes
+    #: (at most one such batch per interval per model); see docs/reliability.md.
+    aging_seconds: float = Field(default=1.0, gt=0)
+    #: Share of the time before a deadline that admission may plan to fill at the measured rate.
+    admission_headroom: float = Field(default=0.7, gt=0, le=1)
+    #: Clients may raise their priority above the default without the `priority` key scope.
+    allow_client_priority: bool = False
 
     @field_validator("memory_budget")
     @classmethod
     def _budget(cls, value: str | int) -> str | int:
         parse_budget(value, total=1)
         return value
+
+    @model_validator(mode="after")
+    def _queues_hold_a_whole_request(self) -> RegistryConfig:
+        limit = self.max_inputs_per_request
+        for i, spec in enumerate(self.models):
+            if spec.max_queued_items < limit:
+                raise ValueError(
+                    f"models.{i}.max_queued_items is {spec.max_queued_items}, below max_inputs_per_request ({limit}): "
+                    f"requests with more inputs would be refused forever; set it to at least {limit}"
+                )
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> RegistryConfig:

@@ -10,10 +10,11 @@ import enum
 from dataclasses import dataclass, field
 
 from model_registry.adapters import Adapter
+from model_registry.admission import Backlog
 from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec
 from model_registry.types import ModelState
-from model_registry.worker import Worker
+from model_registry.worker import PrepareStage, Worker
 
 
 @dataclass(eq=False)
@@ -25,6 +26,8 @@ class ModelHandle:
     adapter: Adapter | None = None
     queue: BatchQueue | None = None
     worker: Worker | None = None
+    backlog: Backlog | None = None
+    stage: PrepareStage | None = None
     error: str | None = None
     failed_at: float = 0.0
     last_used: float | None = None
@@ -60,6 +63,19 @@ class ModelHandle:
     @property
     def evictable(self) -> bool:
         return self.state == ModelState.LOADED and not self.spec.pin and not self.busy
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A loaded model held for one request: it cannot be evicted or unloaded while leased.
+
+    Given by `Lifecycle.lease` only, which counts the holder in `inflight` and releases it
+    whatever happens; the parts are those of the load the lease was taken on."""
+
+    adapter: Adapter
+    queue: BatchQueue
+    backlog: Backlog
+    stage: PrepareStage
 
 
 class EventKind(str, enum.Enum):

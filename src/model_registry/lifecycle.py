@@ -13,6 +13,9 @@ Rules, per device (CPU RAM, or one CUDA device's memory):
   remembered with its error and retried by a request that comes after the back-off.
 - A model with `keep_alive` is unloaded once idle for that many seconds. An operator's unload
   holds new callers back while the work in flight finishes; they then load the model again.
+- A request holds its model through a `lease` (one owner of the in-flight count and the LRU
+  stamp, released however the request ends). A load that fails gives back what it loaded and its
+  charge; a load that times out keeps its charge until its thread has finished and been unloaded.
 
 All bookkeeping runs on the event loop; loading and unloading run on threads.
 """
@@ -20,31 +23,30 @@ All bookkeeping runs on the event loop; loading and unloading run on threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from model_registry import memory
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
-from model_registry.batching import BatchQueue
-from model_registry.config import ModelSpec, RegistryConfig
+from model_registry.config import RegistryConfig
 from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
-from model_registry.handles import DeviceUsage, EventKind, LifecycleEvent, ModelHandle
-from model_registry.types import Kind, ModelState
-from model_registry.worker import BatchStats, Worker
+from model_registry.handles import DeviceUsage, EventKind, Lease, LifecycleEvent, ModelHandle
+from model_registry.parts import assemble, batch_tokens, memory_device_of, release, release_quietly
+from model_registry.types import ModelState
+from model_registry.worker import BatchStats
 
 log = logging.getLogger(__name__)
 
-_CPU_BATCH_TOKENS = 1024
-_GPU_BATCH_TOKENS = 16384
 _DRAIN_POLL = 0.02
 
 T = TypeVar("T")
 
-__all__ = ["DeviceUsage", "EventKind", "Lifecycle", "LifecycleEvent", "ModelHandle"]
+__all__ = ["DeviceUsage", "EventKind", "Lease", "Lifecycle", "LifecycleEvent", "ModelHandle"]
 
 
 class Lifecycle:
@@ -68,6 +70,8 @@ class Lifecycle:
         self._stamps = itertools.count(1)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._keeper: asyncio.Task[None] | None = None
+        #: Per device, bytes still held by loads that timed out while their thread goes on.
+        self._late: dict[str, int] = {}
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
@@ -86,12 +90,33 @@ class Lifecycle:
         handle.last_used = time.time()
 
     def _charged(self, device: str, *, besides: ModelHandle | None = None) -> int:
-        return sum(h.charged for h in self.handles.values() if h.device == device and h is not besides)
+        held = sum(h.charged for h in self.handles.values() if h.device == device and h is not besides)
+        return held + self._late.get(device, 0)
 
     def _emit(self, event: LifecycleEvent) -> None:
         self.events.append(event)
         if self._on_event is not None:
             self._on_event(event)
+
+    # ---- leases --------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lease(self, handle: ModelHandle) -> AsyncIterator[Lease]:
+        """The model, loaded and held for one request: never evicted or unloaded while held.
+
+        Counted before the first await after the load, so nothing can evict the model between its
+        load and its use; released however the request ends."""
+        await self.ensure_loaded(handle)
+        adapter, queue, backlog, stage = handle.adapter, handle.queue, handle.backlog, handle.stage
+        if adapter is None or queue is None or backlog is None or stage is None:
+            raise RuntimeError(f"This is a bug: the loaded model '{handle.spec.name}' lacks its queue or worker")
+        handle.inflight += 1
+        self.touch(handle)
+        try:
+            yield Lease(adapter, queue, backlog, stage)
+        finally:
+            handle.inflight -= 1
+            self.touch(handle)
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -143,7 +168,8 @@ class Lifecycle:
                     done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
                 done.exception()  # retrieved here so that an unawaited failure is not reported as lost
             else:
-                self._start_worker(handle, adapter)
+                assemble(handle, adapter, self.config, self._on_batch)
+                self.touch(handle)
                 seconds = time.perf_counter() - started
                 log.info("model '%s' loaded in %.2fs (%s)", spec.name, seconds, memory.format_bytes(handle.footprint))
                 self._emit(
@@ -177,21 +203,32 @@ class Lifecycle:
         spec = handle.spec
         deadline = time.monotonic() + self.config.load_timeout
         adapter = await self._off_loop(deadline, None, create_adapter, spec)
-        handle.device = self._device(spec)
+        handle.device = memory_device_of(spec)
         options = LoadOptions(
             device=spec.device,
             dtype=spec.dtype,
-            max_batch_tokens=self._batch_tokens(spec),
+            max_batch_tokens=batch_tokens(spec),
             max_image_pixels=self.config.max_image_pixels,
             max_audio_seconds=self.config.max_audio_seconds,
             max_image_aspect_ratio=self.config.max_image_aspect_ratio,
             max_media_expansion=self.config.max_media_expansion,
             max_audio_samples=self.config.max_audio_samples,
         )
-        need = handle.footprint or adapter.estimate(options) or 0
+        # Estimating reads weight files (sizes, maybe headers): off the loop like the load itself.
+        need = handle.footprint
+        if not need:
+            estimate: int | None = await self._off_loop(deadline, None, adapter.estimate, options)
+            need = estimate or 0
         await self._fit(handle, need, real=True)
         try:
-            measured = await self._off_loop(deadline, adapter, memory.load_and_measure, adapter, options, handle.device)
+            measured = await self._off_loop(deadline, handle, memory.load_and_measure, adapter, options, handle.device)
+        except asyncio.TimeoutError:
+            raise  # the charge moved to the late load in `_off_loop`
+        except Exception:
+            # Whatever part of the model made it into memory goes back before the charge does.
+            await asyncio.to_thread(release_quietly, adapter, handle.device)
+            handle.charged = 0
+            raise
         except BaseException:
             handle.charged = 0
             raise
@@ -199,51 +236,34 @@ class Lifecycle:
         try:
             await self._fit(handle, measured, real=False)
         except InsufficientMemory:
-            await asyncio.to_thread(self._release, adapter, handle.device)
+            await asyncio.to_thread(release, adapter, handle.device)
             raise
         return adapter
 
-    async def _off_loop(self, deadline: float, loaded: Adapter | None, fn: Callable[..., T], *args: object) -> T:
+    async def _off_loop(self, deadline: float, loading: ModelHandle | None, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a
-        timeout, whatever it goes on loading into `loaded` is unloaded when it finishes."""
+        timeout, the memory `loading` was charged stays charged (to the device, no longer to the
+        model) until the thread has finished and whatever it loaded is unloaded."""
         work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
         try:
             return await asyncio.wait_for(asyncio.shield(work), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            if loaded is not None:
-                late = loaded
-                work.add_done_callback(lambda _: self._spawn(asyncio.to_thread(late.unload)))
+            if loading is not None:
+                device, held, adapter = loading.device, loading.charged, args[0]
+                assert isinstance(adapter, Adapter), "This is a bug: a timed load must be given its adapter"
+                loading.charged = 0
+                self._late[device] = self._late.get(device, 0) + held
+                task = asyncio.ensure_future(self._unload_late(work, adapter, device, held))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             raise
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _start_worker(self, handle: ModelHandle, adapter: Adapter) -> None:
-        queue = BatchQueue(
-            max_batch_tokens=self._batch_tokens(handle.spec, adapter),
-            max_items=handle.spec.max_queued_items,
-            batch_cost=adapter.batch_cost,
-            small_request_items=self.config.small_request_items,
-        )
-        worker = Worker(handle.spec.name, adapter, queue, on_batch=self._on_batch)
-        worker.start()
-        handle.adapter, handle.queue, handle.worker = adapter, queue, worker
-        handle.state = ModelState.LOADED
-        self.touch(handle)
-
-    @staticmethod
-    def _device(spec: ModelSpec) -> str:
-        # The fake model holds host memory whatever device it is given.
-        return "cpu" if spec.kind == Kind.FAKE else memory.memory_device(spec.device)
-
-    @staticmethod
-    def _batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
-        if spec.max_batch_tokens:
-            return spec.max_batch_tokens
-        device = str(getattr(adapter, "device", spec.device))
-        return _GPU_BATCH_TOKENS if device.startswith("cuda") else _CPU_BATCH_TOKENS
+    async def _unload_late(self, work: asyncio.Future[Any], adapter: Adapter, device: str, held: int) -> None:
+        try:
+            await asyncio.gather(work, return_exceptions=True)
+            await asyncio.to_thread(release_quietly, adapter, device)
+        finally:
+            self._late[device] -= held
 
     # ---- making room ---------------------------------------------------------------------------
 
@@ -330,10 +350,13 @@ class Lifecycle:
         async with handle.lock:
             if kind != EventKind.UNLOADED and not handle.evictable:
                 return
-            worker, adapter = handle.worker, handle.adapter
+            worker, adapter, stage = handle.worker, handle.adapter, handle.stage
             if adapter is None:
                 return
             handle.worker = handle.adapter = handle.queue = None
+            handle.backlog = handle.stage = None
+            if stage is not None:
+                stage.stop()
             handle.state = ModelState.UNLOADED
             if handle.draining:
                 handle.draining = False
@@ -343,7 +366,7 @@ class Lifecycle:
                 if worker is not None:
                     await asyncio.to_thread(worker.stop)
                 del worker
-                await asyncio.to_thread(self._release, adapter, handle.device)
+                await asyncio.to_thread(release, adapter, handle.device)
             finally:
                 handle.charged = 0
             seconds = time.perf_counter() - started
@@ -364,12 +387,6 @@ class Lifecycle:
             handle.draining = False
             handle.undrained.set()
 
-    @staticmethod
-    def _release(adapter: Adapter, device: str) -> None:
-        adapter.unload()
-        del adapter
-        memory.release(device)
-
     async def unload_by_request(self, handle: ModelHandle) -> None:
         """An operator's unload: refused for pinned models, waits for work in flight to finish."""
         if handle.spec.pin:
@@ -389,13 +406,17 @@ class Lifecycle:
             self._keeper = asyncio.create_task(self._keep_alive(period))
 
     async def _keep_alive(self, period: float) -> None:
+        """Expire idle models every `period` seconds; a failed unload is logged, never fatal."""
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
             for handle in list(self.handles.values()):
                 limit = handle.spec.keep_alive
                 if limit and handle.evictable and now - handle.used_at >= limit:
-                    await self.unload(handle, kind=EventKind.EXPIRED)
+                    try:
+                        await self.unload(handle, kind=EventKind.EXPIRED)
+                    except Exception:
+                        log.exception("expiring the idle model '%s' failed; it is retried later", handle.spec.name)
 
     async def stop(self) -> None:
         if self._keeper is not None:

@@ -7,11 +7,14 @@ policy lives in `lifecycle.py`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
 import importlib.util
 import logging
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -21,8 +24,8 @@ import psutil
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import parse_budget
-from model_registry.errors import ModelUnavailable, RegistryError
-from model_registry.types import Capability, EmbedItem, TokenIds
+from model_registry.errors import ModelUnavailable
+from model_registry.types import Item
 
 log = logging.getLogger(__name__)
 
@@ -122,56 +125,95 @@ def weight_bytes(directory: Path) -> int:
     return total
 
 
-def worst_case_items(adapter: Adapter, max_batch_tokens: int) -> list[EmbedItem]:
-    """Items that fill one batch at `max_batch_tokens` with the longest inputs the model takes."""
-    if Capability.EMBED_TEXT not in adapter.capabilities or not adapter.max_length:
-        return []
-    length = min(adapter.max_length, max_batch_tokens)
-    count = max(1, max_batch_tokens // length)
-    # Token id 1 is inside every vocabulary; client-given ids are used as the whole sequence.
-    return [EmbedItem(TokenIds((1,) * length)) for _ in range(count)]
+def worst_case_items(adapter: Adapter, max_batch_tokens: int) -> list[Item]:
+    """The first worst-case batch of `adapter` (see `warmup.worst_case_batches`)."""
+    from model_registry.warmup import worst_case_batches
+
+    batches = worst_case_batches(adapter, max_batch_tokens)
+    return batches[0] if batches else []
+
+
+class DeviceGate:
+    """Lets many batches run on a device at once (`shared`), or one measurement alone (`exclusive`).
+
+    CUDA's peak-memory counter is per device, not per model: while a load measures its warm-up,
+    other models' batches on the same device wait, so the peak it reads is its own."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._measuring = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._measuring)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._measuring)
+            self._measuring = True
+            self._cond.wait_for(lambda: self._running == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._measuring = False
+                self._cond.notify_all()
+
+
+_gates: dict[str, DeviceGate] = {}
+_gates_lock = threading.Lock()
+
+
+def gate(device: str) -> DeviceGate:
+    """The gate of `device` ('cpu', 'cuda:0', ...), one per process."""
+    with _gates_lock:
+        return _gates.setdefault(device, DeviceGate())
 
 
 def load_and_measure(adapter: Adapter, options: LoadOptions, device: str) -> int:
     """Load `adapter` onto `device` and return its footprint in bytes.
 
     On CUDA: the allocator's growth over the load plus the peak of a warm-up forward on a
-    worst-case batch, so that a model too large for its batch budget fails here, at load, rather
-    than under traffic. Elsewhere: the adapter's own estimate (weights plus working memory).
+    worst-case batch of every input kind the model takes, measured while no other model runs a
+    batch on the device, so that a model too large for its batch budget fails here, at load,
+    rather than under traffic. Elsewhere: the adapter's own estimate (weights plus working memory).
     """
     if not device.startswith("cuda"):
         adapter.load(options)
         return adapter.footprint()
     import torch
 
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    adapter.load(options)
-    torch.cuda.reset_peak_memory_stats(device)
-    try:
-        _warm_up(adapter, options.max_batch_tokens)
-    except torch.cuda.OutOfMemoryError:
-        adapter.unload()
-        release(device)
-        raise ModelUnavailable(
-            f"the model ran out of {device} memory on a worst-case batch of {options.max_batch_tokens} tokens; "
-            "lower its max_batch_tokens or free memory"
-        ) from None
-    except RegistryError as error:
-        # The adapter does not take token-id input: its own estimate stands in for the warm-up.
-        log.warning("no warm-up for %s (%s); using its estimated footprint", type(adapter).__name__, error)
-        return adapter.footprint()
-    torch.cuda.synchronize(device)
-    return int(torch.cuda.max_memory_allocated(device) - before)
+    from model_registry.warmup import run_batches, worst_case_batches
 
-
-def _warm_up(adapter: Adapter, max_batch_tokens: int) -> None:
-    items = worst_case_items(adapter, max_batch_tokens)
-    if not items:
-        return
-    prepared = adapter.prepare(items)
-    batch = adapter.collate(prepared)
-    adapter.postprocess(batch, adapter.forward(batch))
+    with gate(device).exclusive():
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        adapter.load(options)
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            ran = run_batches(adapter, worst_case_batches(adapter, options.max_batch_tokens))
+        except torch.cuda.OutOfMemoryError:
+            adapter.unload()
+            release(device)
+            raise ModelUnavailable(
+                f"the model ran out of {device} memory on a worst-case batch of {options.max_batch_tokens} tokens; "
+                "lower its max_batch_tokens or free memory"
+            ) from None
+        if not ran:
+            log.warning("no warm-up for %s; using its estimated footprint", type(adapter).__name__)
+            return adapter.footprint()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
 
 
 def format_bytes(count: int | float) -> str:

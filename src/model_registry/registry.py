@@ -1,27 +1,26 @@
 """Name -> model handle: lazy loading, one load at a time per model, request execution.
 
-A request goes: validate -> find or load the model -> `prepare` in the shared worker pool ->
-the model's queue -> its worker -> the future resolved on the caller's event loop.
+A request goes: validate -> lease the model (loading it if needed) -> price and admit (or 429) ->
+`prepare` on the model's own threads -> the model's queue -> its worker -> the request resolved on
+the caller's event loop; every step after admission counts against the request's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from model_registry.adapters import Adapter
 from model_registry.adapters.text import TextTokenizer
+from model_registry.admission import client_priority, deadline_after, price
 from model_registry.batching import Request
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
     Cancelled,
-    DeadlineExceeded,
     InvalidInput,
     ModelUnavailable,
     RegistryError,
@@ -67,6 +66,8 @@ from model_registry.worker import BatchStats
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class Registry:
     """The engine, usable in-process: `async with Registry.from_config(path) as reg: ...`."""
@@ -81,7 +82,6 @@ class Registry:
         self.config = config
         self._handles = {spec.name: ModelHandle(spec) for spec in config.models}
         self._lifecycle = Lifecycle(config, self._handles, on_batch=on_batch, on_event=on_event)
-        self._pool: ThreadPoolExecutor | None = None
         self._started = False
         self._from_files: dict[str, tuple[Kind, frozenset[Capability]]] = {}
 
@@ -99,10 +99,9 @@ class Registry:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the worker pool and load the pinned models (a broken one is logged and marked)."""
+        """Start the lifecycle and load the pinned models (a broken one is logged and marked)."""
         if self._started:
             return
-        self._pool = ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="prepare")
         self._started = True
         self._lifecycle.start()
         for handle in self._handles.values():
@@ -114,9 +113,6 @@ class Registry:
 
     async def stop(self) -> None:
         await self._lifecycle.stop()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
         self._started = False
 
     async def __aenter__(self) -> Registry:
@@ -255,56 +251,38 @@ class Registry:
     async def run(
         self, model: str, items: Sequence[Item], *, priority: int | None = None, timeout: float | None = None
     ) -> Results:
-        """Run prepared-to-be items through `model`'s queue; the core every operation shares."""
+        """Run items through `model`'s queue; the core every operation shares.
+
+        The request is priced and admitted before its inputs are prepared: `Overloaded` (429) when
+        the model cannot serve it before its deadline at its measured rate."""
         handle = self._handle(model)
-        loop = asyncio.get_running_loop()
-        adapter = await self._ensure_loaded(handle)
-        assert self._pool is not None, "This is a bug: no prepare pool on a started registry"
-        assert handle.queue is not None, "This is a bug: a loaded model has no queue"
-        # Counted before the next await, so the model cannot be evicted between load and queue.
-        handle.inflight += 1
-        self._lifecycle.touch(handle)
-        try:
-            prepare_start = time.time()
-            prepared = await loop.run_in_executor(self._pool, adapter.prepare, items)
-            future: asyncio.Future[Request] = loop.create_future()
-
-            def settle(request: Request) -> None:
-                if not future.done():
-                    future.set_result(request)
-
-            def on_done(request: Request) -> None:
-                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                    loop.call_soon_threadsafe(settle, request)
-
-            limit = timeout or self.config.request_timeout
-            request = Request(
-                prepared,
-                priority=handle.queue.priority_for(len(prepared), priority),
-                deadline=time.monotonic() + limit,
-                on_done=on_done,
-            )
-            enqueued = time.time()
-            handle.queue.put(request)
+        if not self._started:
+            raise ModelUnavailable("the registry is not started (use 'async with Registry(...)' or start())")
+        deadline = deadline_after(timeout or self.config.request_timeout)
+        async with self._lifecycle.lease(handle) as lease:
+            rank = lease.queue.priority_for(len(items), priority)
+            cost = price(items, lease.adapter.max_length)
+            reservation = lease.backlog.admit(cost, rank, deadline - time.monotonic())
             try:
-                done = await asyncio.wait_for(future, limit)
-            except asyncio.TimeoutError:
-                request.cancel()
-                raise DeadlineExceeded(f"the request did not finish within {limit:g}s") from None
-            except asyncio.CancelledError:
-                request.cancel()
-                raise
-            if done.error is not None:
-                raise done.error
-            results = tuple(r for r in done.results if r is not None)
-            if len(results) != len(items):
-                raise Cancelled("the request was cancelled before all of its items ran")
-            tokens = sum(p.tokens for p in prepared)
-            report(StageTimes(model, len(items), tokens, prepare_start, enqueued, time.time(), tuple(done.batches)))
-            return Results(results, tokens)
-        finally:
-            handle.inflight -= 1
-            self._lifecycle.touch(handle)
+                prepare_start = time.time()
+                prepared = await lease.stage.run(items, deadline - time.monotonic())
+                reservation.reprice(sum(p.cost for p in prepared))
+                request = Request.on_loop(prepared, priority=rank, deadline=deadline)
+                enqueued = time.time()
+                lease.queue.put(request)
+                results = await request.outcome()
+            finally:
+                reservation.release()
+        if len(results) != len(items):
+            raise Cancelled("the request was cancelled before all of its items ran")
+        tokens = sum(p.tokens for p in prepared)
+        report(StageTimes(model, len(items), tokens, prepare_start, enqueued, time.time(), tuple(request.batches)))
+        return Results(tuple(results), tokens)
+
+    def client_priority(self, requested: int | None, *, granted: bool) -> int | None:
+        """The priority a client's request may have: lowering is free; raising it above the default
+        needs `granted` (the key's `priority` scope) or the registry's `allow_client_priority`."""
+        return client_priority(requested, may_raise=granted or self.config.allow_client_priority)
 
     # ---- validation ----------------------------------------------------------------------------
 
@@ -363,8 +341,7 @@ class Registry:
     ) -> list[str]:
         """Texts (documents of pairs, or classified texts) cut at their start to fit, on the pool."""
         tokenizer = self._text_tokenizer(adapter, model)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, tokenizer.fit_left, texts, queries)
+        return await self._on_model_threads(model, lambda: tokenizer.fit_left(texts, queries))
 
     @staticmethod
     def _left(adapter: Adapter, model: str, direction: str, *, pairs: bool = False) -> bool:
@@ -418,7 +395,8 @@ class Registry:
         asked, documents = await asyncio.gather(
             self.embed(model, [query], **options), self.embed(model, list(media), **options)
         )
-        return media_scores(asked, documents, multivector=Output.MULTIVECTOR in outputs)
+        # MaxSim over many pages is real compute: off the event loop, like every scoring step.
+        return await asyncio.to_thread(media_scores, asked, documents, multivector=Output.MULTIVECTOR in outputs)
 
     # ---- rerank and classify -------------------------------------------------------------------
 
@@ -452,8 +430,8 @@ class Registry:
         scored = docs
         if max_tokens_per_doc is not None:
             tokenizer = self._text_tokenizer(adapter, model)
-            loop = asyncio.get_running_loop()
-            scored = await loop.run_in_executor(self._pool, tokenizer.first_tokens, docs, max_tokens_per_doc)
+            limit = max_tokens_per_doc
+            scored = await self._on_model_threads(model, lambda: tokenizer.first_tokens(docs, limit))
         if method == CROSS_ENCODER:
             if cut and self._left(adapter, model, truncation_direction, pairs=True):
                 scored = await self._fit_left(adapter, model, scored, [query] * len(scored))
@@ -468,8 +446,8 @@ class Registry:
         items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut, left) for d in scored)]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it.
-        scores = embedding_scores(
-            method, results.items[0], results.items[1:], mean_maxsim=adapter.kind == Kind.MULTI_OUTPUT
+        scores = await asyncio.to_thread(
+            embedding_scores, method, results.items[0], results.items[1:], mean_maxsim=adapter.kind == Kind.MULTI_OUTPUT
         )
         return ranking(docs, scores, top_n, method, results.tokens)
 
@@ -554,9 +532,8 @@ class Registry:
         tokenizer = self._text_tokenizer(adapter, model)
         prompt = self._prompt(adapter, prompt_name, None) if prompt_name else ""
         prompted = [prompt + c.text for c in contents if isinstance(c, Text)]
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, lambda: tokenizer.tokens(prompted, add_special_tokens=add_special_tokens)
+        return await self._on_model_threads(
+            model, lambda: tokenizer.tokens(prompted, add_special_tokens=add_special_tokens)
         )
 
     async def decode(self, model: str, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
@@ -564,10 +541,16 @@ class Registry:
         self._contents(ids)
         adapter = await self._ensure_loaded(self._handle(model))
         tokenizer = self._text_tokenizer(adapter, model)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, lambda: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return await self._on_model_threads(
+            model, lambda: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         )
+
+    async def _on_model_threads(self, model: str, fn: Callable[[], T]) -> T:
+        """`fn` on `model`'s own prepare threads, where its requests' tokenizing runs."""
+        stage = self._handle(model).stage
+        if stage is None:
+            raise ModelUnavailable(f"model '{model}' was unloaded; retry the request")
+        return await stage.call(fn)
 
     @staticmethod
     def _text_tokenizer(adapter: Adapter, model: str) -> TextTokenizer:

@@ -10,22 +10,28 @@ fresh batch is taken. A failure in any stage fails exactly the requests of that 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from model_registry import memory
 from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
-from model_registry.errors import BatchFailed, ModelUnavailable, RegistryError
+from model_registry.errors import BatchFailed, Cancelled, DeadlineExceeded, ModelUnavailable, RegistryError
 from model_registry.timing import BatchTimes
+from model_registry.types import Item, Prepared
 
 log = logging.getLogger(__name__)
 
 _POLL = 0.05
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,52 @@ class BatchStats:
     seconds: float
     failed: bool
     capacity: int = 0  # the queue's max_batch_tokens: cost / capacity is how full the batch was
+
+
+class PrepareStage:
+    """The model's own prepare threads (tokenizing, decoding), bounded and inside the deadline.
+
+    Each model has its own, so one model's slow decoding never delays another model's requests.
+    Work whose caller stopped waiting is skipped when its turn comes instead of run for nobody.
+    """
+
+    def __init__(self, name: str, adapter: Adapter, threads: int) -> None:
+        self._adapter = adapter
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"{name}-prepare")
+
+    async def run(self, items: Sequence[Item], seconds: float) -> list[Prepared]:
+        """`adapter.prepare(items)` on the model's threads; `DeadlineExceeded` after `seconds`."""
+        abandoned = threading.Event()
+
+        def job() -> list[Prepared]:
+            if abandoned.is_set():
+                raise Cancelled("the caller stopped waiting before its inputs were prepared")
+            return self._adapter.prepare(items)
+
+        work = asyncio.get_running_loop().run_in_executor(self._pool, job)
+        work.add_done_callback(_retrieve)
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), max(0.0, seconds))
+        except asyncio.TimeoutError:
+            abandoned.set()
+            raise DeadlineExceeded(f"preparing the inputs took longer than the {seconds:.3g}s left") from None
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """`fn` (tokenizer work outside a request's items: tokenize, decode, cutting texts) on the
+        same bounded threads, so it cannot take cores from other models either."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def stop(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an abandoned prepare's error as seen: its caller has its own error already."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Worker:
@@ -52,12 +104,13 @@ class Worker:
         self.adapter = adapter
         self.batches = batches
         self._on_batch = on_batch
-        self._handoff: queue.Queue[tuple[Batch, Any]] = queue.Queue(maxsize=1)
+        self._handoff: queue.Queue[tuple[Batch, Any, float]] = queue.Queue(maxsize=1)
         self._slot_free = threading.Event()
         self._slot_free.set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy = False
+        self._gate = memory.gate(memory.memory_device(str(getattr(adapter, "device", "cpu"))))
 
     def start(self) -> None:
         self._stop.clear()
@@ -77,7 +130,7 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout)
         while not self._handoff.empty():
-            batch, _ = self._handoff.get_nowait()
+            batch, _, _ = self._handoff.get_nowait()
             self._fail(batch, ModelUnavailable(f"the model '{self.name}' was unloaded before this request ran"))
 
     @property
@@ -105,17 +158,18 @@ class Worker:
         batch = self.batches.next_batch(timeout=_POLL)
         if batch is None:
             return
+        started = time.perf_counter()
         try:
             collated = self.adapter.collate([e.prepared for e in batch.entries])
         except Exception as error:
             self._fail(batch, error)
             return
         self._slot_free.clear()
-        self._handoff.put((batch, collated))
+        self._handoff.put((batch, collated, time.perf_counter() - started))
 
     def _forward_once(self) -> None:
         try:
-            batch, collated = self._handoff.get(timeout=_POLL)
+            batch, collated, collating = self._handoff.get(timeout=_POLL)
         except queue.Empty:
             return
         self.busy = True
@@ -124,15 +178,16 @@ class Worker:
             if not batch.live() or self.batches.outranks(batch):
                 self.batches.requeue(batch.entries)
                 return
-            self._run(batch, collated)
+            self._run(batch, collated, collating)
         finally:
             self.busy = False
 
-    def _run(self, batch: Batch, collated: Any) -> None:
+    def _run(self, batch: Batch, collated: Any, collating: float) -> None:
         started, forward_start = time.perf_counter(), time.time()
         failed = False
         try:
-            output = self.adapter.forward(collated)
+            with self._gate.shared():  # a load measuring its peak on this device runs alone
+                output = self.adapter.forward(collated)
             forward_end = time.time()
             results = self.adapter.postprocess(collated, output)
             if len(results) != len(batch.entries):
@@ -148,7 +203,8 @@ class Worker:
             for entry, result in zip(batch.entries, results, strict=True):
                 entry.request.deliver(entry.prepared.index, result)
         seconds = time.perf_counter() - started
-        self.batches.record(batch.cost, seconds)
+        # Admission plans with every stage a batch goes through, not the forward pass alone.
+        self.batches.record(sum(e.prepared.cost for e in batch.entries), collating + seconds)
         if self._on_batch is not None:
             tokens = sum(e.prepared.tokens for e in batch.entries)
             capacity = self.batches.max_batch_tokens

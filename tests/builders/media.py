@@ -87,7 +87,7 @@ def tiny_open_clip(root: Path, *, seed: int = 0) -> Path:
     from safetensors.torch import save_file
 
     torch.manual_seed(seed)
-    model = open_clip.CLIP(**OPEN_CLIP_CONFIG)  # type: ignore[arg-type]
+    model = open_clip.CLIP(**OPEN_CLIP_CONFIG)
     root.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(root / "open_clip_model.safetensors"))
@@ -174,7 +174,7 @@ def tiny_colpali(root: Path, *, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     images = SiglipImageProcessor(size={"height": 32, "width": 32})
-    images.image_seq_length = 16
+    images.image_seq_length = 16  # type: ignore[attr-defined]  # read by ColPaliProcessor
     processor = ColPaliProcessor(image_processor=images, tokenizer=gemma_tokenizer())
     tokenizer = processor.tokenizer
     text = GemmaConfig(
@@ -232,7 +232,11 @@ def qwen_tokenizer() -> object:
 
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     tokenizer = Qwen2Tokenizer(
-        vocab=vocab, merges=[], unk_token=None, pad_token="<|endoftext|>", eos_token="<|im_end|>"
+        vocab=vocab,
+        merges=[],
+        unk_token=None,  # type: ignore[arg-type]  # no unknown token: byte-level covers every input
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
     )
     specials = ["<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": specials})

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerFast
 
 from tests.builders.text import bpe_tokenizer, wordpiece_tokenizer, write_json
 
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+SMALL: dict[str, Any] = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def one_label(labels: int = 1) -> dict[str, Any]:
+    """`num_labels` for a config (a keyword the configs take, though their stubs do not list it)."""
+    return {"num_labels": labels}
 
 
 def tiny_cross_encoder(root: Path, *, labels: int = 1, seed: int = 0, max_length: int = 128) -> Path:
@@ -24,7 +30,7 @@ def tiny_cross_encoder(root: Path, *, labels: int = 1, seed: int = 0, max_length
     torch.manual_seed(seed)
     tokenizer = wordpiece_tokenizer(max_length=max_length)
     names = {i: name for i, name in enumerate(["negative", "neutral", "positive", "other"][:labels])}
-    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, num_labels=labels, **SMALL)
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL, **one_label(labels))
     if labels > 1:
         config.id2label, config.label2id = names, {v: k for k, v in names.items()}
     model = BertForSequenceClassification(config).eval()
@@ -46,7 +52,7 @@ def tiny_xlmr_cross_encoder(root: Path, *, seed: int = 0) -> Path:
         vocab_size=len(tokenizer),
         max_position_embeddings=130,
         pad_token_id=tokenizer.pad_token_id,
-        num_labels=1,
+        **one_label(),
         **SMALL,
     )
     XLMRobertaForSequenceClassification(config).eval().save_pretrained(root)
@@ -73,7 +79,7 @@ def tiny_modernbert_cross_encoder(root: Path, *, seed: int = 0) -> Path:
         sep_token_id=tokenizer.sep_token_id,
         bos_token_id=tokenizer.cls_token_id,
         eos_token_id=tokenizer.sep_token_id,
-        num_labels=1,
+        **one_label(),
     )
     ModernBertForSequenceClassification(config).eval().save_pretrained(root)
     tokenizer.save_pretrained(root)
@@ -91,7 +97,7 @@ def tiny_llm_reranker(root: Path, *, seed: int = 0, config_pad: bool = True) -> 
         vocab_size=len(tokenizer),
         num_key_value_heads=1,
         max_position_embeddings=128,
-        num_labels=1,
+        **one_label(),
         pad_token_id=tokenizer.pad_token_id if config_pad else None,
         **SMALL,
     )

@@ -207,7 +207,7 @@ def test_page_model_parity_with_transformers(
 ) -> None:
     photo = (data_dir / PHOTO).read_bytes()
     query = "where are the cats?"
-    parts = [("input", (None, query)), ("file", (PHOTO, photo, "image/jpeg"))]
+    parts: list[tuple[str, Any]] = [("input", (None, query)), ("file", (PHOTO, photo, "image/jpeg"))]
     response = client.post("/v1/embeddings/upload", data={"model": model, "output": "multivector"}, files=parts)
     got_query, got_page = multivectors(response)
     want_page, want_query = colpali_reference(models[model], photo, query)
@@ -247,7 +247,7 @@ def test_colpali_page_by_url_equals_upload(client: httpx.Client, files: tuple[st
     base, _ = files
     photo = (data_dir / PHOTO).read_bytes()
     query = "where are the cats?"
-    parts = [("input", (None, query)), ("file", (PHOTO, photo, "image/jpeg"))]
+    parts: list[tuple[str, Any]] = [("input", (None, query)), ("file", (PHOTO, photo, "image/jpeg"))]
     response = client.post("/v1/embeddings/upload", data={"model": "colpali", "output": "multivector"}, files=parts)
     asked, page = multivectors(response)
     by_url = client.post(
@@ -324,7 +324,11 @@ def test_pages_batched_equal_single(client: httpx.Client, data_dir: Path, model:
 
 def test_text_and_images_mix_in_one_request(client: httpx.Client, data_dir: Path) -> None:
     photo = (data_dir / PHOTO).read_bytes()
-    parts = [("input", (None, "two cats")), ("file", (PHOTO, photo, "image/jpeg")), ("input", (None, "a dog"))]
+    parts: list[tuple[str, Any]] = [
+        ("input", (None, "two cats")),
+        ("file", (PHOTO, photo, "image/jpeg")),
+        ("input", (None, "a dog")),
+    ]
     mixed = vectors(client.post("/v1/embeddings/upload", data={"model": "clip"}, files=parts))
     np.testing.assert_allclose(mixed[[0, 2]], embed(client, "clip", ["two cats", "a dog"]), atol=1e-5)
     np.testing.assert_allclose(mixed[1], embed(client, "clip", [data_uri(photo, "image/jpeg")], "image")[0], atol=1e-5)
@@ -334,7 +338,8 @@ def test_text_and_images_mix_in_one_request(client: httpx.Client, data_dir: Path
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (b @ a) / (np.linalg.norm(b, axis=1) * np.linalg.norm(a))
+    scores: np.ndarray = (b @ a) / (np.linalg.norm(b, axis=1) * np.linalg.norm(a))
+    return scores
 
 
 def test_clip_image_rerank_is_cosine(client: httpx.Client, data_dir: Path) -> None:

@@ -35,23 +35,36 @@ def post(server: LiveServer, body: dict[str, Any], **kwargs: Any) -> httpx.Respo
         return client.post("/v1/embeddings", json=body)
 
 
-def test_an_injected_failure_fails_only_that_batch(serve: Any) -> None:
-    server = serve({"models": [{**fake(fail_on="boom", delay=0.2), "max_batch_tokens": 64}]})
-    bodies = [{"model": "fake", "input": ["boom"], "priority": 9}] + [
-        {"model": "fake", "input": [f"fine {i}"], "priority": 0} for i in range(6)
-    ]
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        responses = list(pool.map(lambda b: post(server, b), bodies))
-    assert responses[0].status_code == 500
-    assert responses[0].json()["error"]["code"] == "model_error"
-    assert "injected failure" in responses[0].json()["error"]["message"]
-    for body, response in zip(bodies[1:], responses[1:], strict=True):
-        assert response.status_code == 200, response.text
-        np.testing.assert_allclose(response.json()["data"][0]["embedding"], fake_vector(body["input"][0], 8), atol=1e-6)
+def test_an_injected_failure_fails_exactly_the_batch_it_shares_with_healthy_requests(serve: Any) -> None:
+    # Two items per batch, every request of the same (default) priority: the poison shares its
+    # batch with one healthy request; the request after them runs in the next batch.
+    server = serve({"models": [{**fake(fail_on="boom", delay=1.0), "max_batch_tokens": 2}]})
+    texts = ["running", "prefetched", "boom", "neighbour", "later"]
+    gaps = [0.3, 0.3, 0.05, 0.05, 0.0]  # one batch runs and one waits before the last three queue
+    with ThreadPoolExecutor(len(texts)) as pool:
+        futures = []
+        for text, gap in zip(texts, gaps, strict=True):
+            futures.append(pool.submit(post, server, {"model": "fake", "input": [text]}))
+            time.sleep(gap)
+        responses = [f.result() for f in futures]
+    statuses = [r.status_code for r in responses]
+    # Under load the last two may reach the queue in either order: the first of them shares the
+    # poison's batch and fails with it, the other runs in a batch of its own and succeeds.
+    assert statuses[:3] == [200, 200, 500], [r.text for r in responses]
+    assert sorted(statuses[3:]) == [200, 500], [r.text for r in responses]
+    assert fake_adapter(server, "fake").batches == [1, 1, 2, 1]
+    for failed in (r for r in responses if r.status_code == 500):
+        assert failed.json()["error"]["code"] == "model_error"
+        assert "injected failure" in failed.json()["error"]["message"]
+    ok = next(i for i in (3, 4) if statuses[i] == 200)
+    np.testing.assert_allclose(responses[ok].json()["data"][0]["embedding"], fake_vector(texts[ok], 8), atol=1e-6)
+    assert post(server, {"model": "fake", "input": ["after"]}).status_code == 200
 
 
 def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
-    server = serve({"models": [{**fake(delay=0.5), "max_queued_items": 8, "max_batch_tokens": 8}]})
+    server = serve(
+        {"models": [{**fake(delay=0.5), "max_queued_items": 8, "max_batch_tokens": 8}], "max_inputs_per_request": 8}
+    )
     bodies = [{"model": "fake", "input": [f"item {i}"] * 8} for i in range(6)]
     with ThreadPoolExecutor(6) as pool:
         responses = list(pool.map(lambda b: post(server, b), bodies))

@@ -64,6 +64,18 @@ def test_alternating_clients_over_three_models_with_room_for_two(serve: Any) -> 
     assert memory == [{"device": "cpu", "budget_bytes": budget_for(2), "charged_bytes": 20 * 2**20}]
 
 
+def test_eviction_order_over_http_matches_an_order_fixed_in_advance(serve: Any) -> None:
+    server = serve({"models": [fake_model(n) for n in "abc"], "memory_budget": budget_for(2), "room_wait": 0})
+    # Room for two: each load of a third model evicts the one used longest ago.
+    uses = "abacbab"
+    expected = ["b", "a", "c"]  # c evicts b (a was used after it), b evicts a, a evicts c
+    with server.client() as client:
+        for name in uses:
+            assert embed(client, name).status_code == 200
+        assert [e["model"] for e in lifecycle_events(client, "evicted")] == expected
+        assert sorted(m for m, entry in entries(client).items() if entry["status"] == "loaded") == ["a", "b"]
+
+
 def test_fifty_concurrent_first_requests_cause_one_load(serve: Any) -> None:
     server = serve({"models": [fake_model("lazy", load_delay=0.5)]}, admin_routes=True)
 

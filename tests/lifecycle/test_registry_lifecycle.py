@@ -8,11 +8,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from model_registry import ModelState, ModelUnavailable, Registry, SyncRegistry, UnsupportedOperation
-from model_registry.adapters.fake import fake_vector
+from model_registry.adapters.fake import fake_vector, held_bytes
 from model_registry.handles import EventKind
+from model_registry.types import Embedding, Result
 from tests.builders.lifecycle import budget_for, fake_model
 
 T = TypeVar("T")
@@ -33,6 +35,12 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         if condition() or time.monotonic() > deadline:
             return
         await asyncio.sleep(0.01)
+
+
+def dense(result: Result) -> npt.NDArray[np.float32]:
+    assert isinstance(result, Embedding)
+    assert result.dense is not None
+    return result.dense
 
 
 def evicted(registry: Registry) -> list[str]:
@@ -57,8 +65,7 @@ def test_alternating_over_three_models_with_room_for_two_evicts_in_lru_order() -
     async def scenario(registry: Registry) -> None:
         for name in "abcabcab":
             result = await registry.embed(name, [f"hello {name}"])
-            vector = result.items[0].dense  # type: ignore[union-attr]
-            np.testing.assert_allclose(vector, fake_vector(f"hello {name}", 8))
+            np.testing.assert_allclose(dense(result.items[0]), fake_vector(f"hello {name}", 8))
         # a b fill the budget; each later load evicts the one used longest ago.
         assert evicted(registry) == ["a", "b", "c", "a", "b", "c"]
         assert states(registry) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
@@ -210,7 +217,7 @@ def test_keep_alive_unloads_an_idle_model_but_not_a_pinned_one() -> None:
 
 
 def test_a_load_that_takes_too_long_fails_with_its_cause_and_is_retried_later() -> None:
-    config = {"models": [fake_model("a", load_delay=0.5)], "load_timeout": 0.1, "failed_retry_after": 0.3}
+    config = {"models": [fake_model("a", load_delay=0.5, allocate=True)], "load_timeout": 0.1, "failed_retry_after": 3}
 
     async def scenario(registry: Registry) -> None:
         with pytest.raises(ModelUnavailable, match="loading took longer than"):
@@ -221,7 +228,11 @@ def test_a_load_that_takes_too_long_fails_with_its_cause_and_is_retried_later() 
         assert info.state == ModelState.FAILED
         assert info.error is not None
         assert "longer than" in info.error
+        # The load's thread goes on: its memory stays charged until it has finished and is unloaded.
+        assert registry.memory()[0].charged == 10 * 2**20
+        await until(lambda: registry.memory()[0].charged == 0)
         assert registry.memory()[0].charged == 0
+        assert held_bytes() == 0
 
     run(config, scenario)
 
@@ -231,7 +242,7 @@ def test_a_script_juggles_models_without_a_server() -> None:
     with SyncRegistry.from_config(config) as registry:
         for name in "abcab":
             result = registry.embed(name, ["juggled"])
-            np.testing.assert_allclose(result.items[0].dense, fake_vector("juggled", 8))  # type: ignore[union-attr]
+            np.testing.assert_allclose(dense(result.items[0]), fake_vector("juggled", 8))
         registry.unload("a")
         loaded = {i.name for i in registry.infos() if i.state == ModelState.LOADED}
         assert loaded == {"b"}

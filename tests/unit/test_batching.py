@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from model_registry.batching import BatchQueue, Request
-from model_registry.errors import DeadlineExceeded, Overloaded
+from model_registry.errors import DeadlineExceeded, ModelUnavailable, Overloaded
 from model_registry.types import Prepared
 
 
@@ -145,3 +145,88 @@ def test_groups_never_share_a_batch() -> None:
     while (batch := queue.next_batch(timeout=0)) is not None:
         groups.append({e.prepared.group for e in batch.entries})
     assert groups == [{"text"}, {"image"}]
+
+
+def order_of(queue: BatchQueue, names: dict[Request, str], batches: int) -> str:
+    taken = ""
+    for _ in range(batches):
+        batch = queue.next_batch(timeout=0)
+        assert batch is not None
+        taken += "".join(sorted({names[e.request] for e in batch.entries}))
+    return taken
+
+
+def test_requests_of_one_class_share_the_model_fairly() -> None:
+    queue = make_queue(max_batch_tokens=10)
+    a, b = request([10] * 4), request([10] * 4)
+    queue.put(a)
+    queue.put(b)
+    assert order_of(queue, {a: "A", b: "B"}, 8) == "ABABABAB"
+
+
+def test_a_late_request_joins_at_the_service_level_of_its_class_not_at_zero() -> None:
+    queue = make_queue(max_batch_tokens=10)
+    a, c = request([10] * 6), request([10] * 3)
+    names = {a: "A", c: "C"}
+    queue.put(a)
+    assert order_of(queue, names, 2) == "AA"
+    queue.put(c)
+    assert order_of(queue, names, 7) == "ACACACA"
+
+
+def test_bulk_work_ages_past_a_steady_stream_of_small_queries() -> None:
+    now = [0.0]
+    queue = make_queue(max_batch_tokens=10, aging=1.0, clock=lambda: now[0])
+    bulk = request([10] * 20, priority=0)
+    queue.put(bulk)
+    names = {bulk: "B"}
+    taken = ""
+    for step in range(12):
+        now[0] = step * 0.25
+        small = request([10], priority=1)
+        names[small] = "S"
+        queue.put(small)
+        taken += order_of(queue, names, 1)
+    # One aged bulk batch per second of waiting; the small queries run in every other turn.
+    assert taken == "SSSSBSSSBSSS"
+
+
+def test_with_batches_slower_than_the_aging_interval_small_queries_keep_every_other_batch() -> None:
+    now = [0.0]
+    queue = make_queue(max_batch_tokens=10, aging=1.0, clock=lambda: now[0])
+    bulk = request([10] * 20, priority=0)
+    queue.put(bulk)
+    names = {bulk: "B"}
+    taken = ""
+    for step in range(6):
+        now[0] = step * 2.0  # each batch takes two aging intervals
+        small = request([10], priority=1)
+        names[small] = "S"
+        queue.put(small)
+        taken += order_of(queue, names, 1)
+    assert taken == "SBSBSB"
+
+
+def test_an_aged_batch_is_not_given_back_when_higher_work_arrives() -> None:
+    now = [0.0]
+    queue = make_queue(max_batch_tokens=10, aging=1.0, clock=lambda: now[0])
+    queue.put(request([10] * 3, priority=0))
+    queue.put(request([10] * 3, priority=1))
+    now[0] = 1.0
+    batch = queue.next_batch(timeout=0)
+    assert batch is not None
+    assert (batch.priority, batch.aged) == (0, True)
+    assert not queue.outranks(batch)
+
+
+def test_entries_requeued_after_close_fail_at_once_as_unavailable() -> None:
+    done: list[Request] = []
+    queue = make_queue()
+    waiting = request([5, 5], done=done)
+    queue.put(waiting)
+    batch = queue.next_batch(timeout=0)
+    assert batch is not None
+    queue.close()
+    queue.requeue(batch.entries)
+    assert done == [waiting]
+    assert isinstance(waiting.error, ModelUnavailable)

@@ -35,6 +35,7 @@ def test_quantize_equals_sentence_transformers(vectors: np.ndarray, dtype: str) 
     ranges = quantization_ranges([vectors])
     expected = quantize_embeddings(vectors, precision=dtype, ranges=ranges)  # type: ignore[arg-type]
     got = quantize(vectors, dtype, ranges)
+    assert isinstance(expected, np.ndarray)
     assert got.dtype == expected.dtype
     np.testing.assert_array_equal(got, expected)
 

@@ -33,7 +33,7 @@ def adapter_of(registry: Registry, name: str) -> FakeAdapter:
 
 
 def vectors(results: Any) -> list[np.ndarray]:
-    return [r.dense for r in results.items if isinstance(r, Embedding)]
+    return [r.dense for r in results.items if isinstance(r, Embedding) and r.dense is not None]
 
 
 async def test_results_come_back_in_input_order_across_batches() -> None:
@@ -47,14 +47,25 @@ async def test_results_come_back_in_input_order_across_batches() -> None:
     assert results.tokens == sum(len(t.split()) for t in texts)
 
 
-async def test_a_failing_batch_fails_only_its_requests_and_the_worker_keeps_serving() -> None:
-    config = {"models": [{**fake(fail_on="boom", delay=0.05)}]}
+async def test_a_failing_batch_fails_exactly_its_requests_of_the_same_priority_and_no_other() -> None:
+    # Two items per batch: the poison shares its batch with one healthy request of its class.
+    config = {"models": [{**fake(fail_on="boom", delay=0.3), "max_batch_tokens": 2}]}
     async with Registry.from_config(config) as registry:
-        bad = asyncio.create_task(registry.embed("fake", ["boom"], priority=5))
-        good = asyncio.create_task(registry.embed("fake", ["fine"], priority=0))
-        with pytest.raises(BatchFailed, match="injected failure"):
-            await bad
-        assert len(vectors(await good)) == 1
+        # One batch runs and one waits prefetched, so the next three queue up together.
+        running = asyncio.create_task(registry.embed("fake", ["running"]))
+        await asyncio.sleep(0.1)
+        prefetched = asyncio.create_task(registry.embed("fake", ["prefetched"]))
+        await asyncio.sleep(0.1)
+        poison = asyncio.create_task(registry.embed("fake", ["boom"]))
+        await asyncio.sleep(0.02)
+        neighbour = asyncio.create_task(registry.embed("fake", ["neighbour"]))
+        await asyncio.sleep(0.02)
+        later = asyncio.create_task(registry.embed("fake", ["later"]))
+        outcomes = await asyncio.gather(running, prefetched, poison, neighbour, later, return_exceptions=True)
+        failed = [isinstance(o, BatchFailed) for o in outcomes]
+        assert failed == [False, False, True, True, False], outcomes
+        assert "injected failure" in str(outcomes[2])
+        assert adapter_of(registry, "fake").batches == [1, 1, 2, 1]
         assert len(vectors(await registry.embed("fake", ["still serving"]))) == 1
 
 
@@ -78,7 +89,7 @@ async def test_deadline_exceeded_when_the_model_is_too_slow() -> None:
 
 
 async def test_a_full_queue_is_overloaded_not_a_hang() -> None:
-    config = {"models": [{**fake(delay=0.3), "max_queued_items": 4}]}
+    config = {"models": [{**fake(delay=0.3), "max_queued_items": 4}], "max_inputs_per_request": 4}
     async with Registry.from_config(config) as registry:
         running = asyncio.create_task(registry.embed("fake", ["a"]))
         await asyncio.sleep(0.05)

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infinity_server.auth import check_priority
+from infinity_server.auth import PRIORITY, has_scope
 from infinity_server.encoding import dump_json
 from infinity_server.errors import HTTPError
 from infinity_server.media import FetchPolicy, MediaFetcher
@@ -35,9 +35,25 @@ async def parse_body(request: Request, model: type[M]) -> M:
     """The JSON body validated into `model`; malformed JSON or a wrong shape is a 422, a priority
     above the default without the right to raise it a 403."""
     parsed = model.model_validate(await read_object(request))
-    allowed = request.app.state.settings.server.allow_client_priority
-    check_priority(request.scope, getattr(parsed, "priority", None), allowed)
+    check_priority(request, getattr(parsed, "priority", None))
     return parsed
+
+
+def check_priority(request: Request, asked: int | None) -> None:
+    """The engine's priority policy, made explicit: a request the policy would not give the priority
+    it asks for is a 403 (a silent clamp would hide why it was not favoured). Lowering is free;
+    raising above the default needs the `priority` scope or `server.allow_client_priority`."""
+    if asked is None:
+        return
+    granted = has_scope(request.scope, PRIORITY)
+    if registry_of(request).client_priority(asked, granted=granted) != asked:
+        raise HTTPError(
+            403,
+            f"priority {asked} needs a key with the 'priority' scope (or server.allow_client_priority: true); "
+            "any client may ask for 0 or less",
+            code="insufficient_scope",
+            param="priority",
+        )
 
 
 async def read_object(request: Request) -> dict[str, Any]:

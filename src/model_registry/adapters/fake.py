@@ -8,13 +8,18 @@ can be checked exactly. Options (the model entry's `options`):
 - `max_length` (512): longest input in words;
 - `footprint` (4 * dimensions): the bytes it declares it holds while loaded;
 - `allocate` (false): really hold `footprint` bytes of host memory while loaded;
-- `load_delay` (0.0): seconds a load takes.
+- `load_delay` (0.0): seconds a load takes;
+- `load_error` (none): a message the load raises with, after it has allocated its memory;
+- `unload_errors` (0): how many unloads raise before the memory is given back.
+
+`held_bytes()` says how many bytes all fake models hold right now, whatever became of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import mmap
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +29,20 @@ import numpy as np
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.errors import InputTooLong, InvalidInput, UnsupportedOperation
 from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Output, Prepared, Result, Text
+
+_held_lock = threading.Lock()
+_held_total = [0]
+
+
+def held_bytes() -> int:
+    """Bytes that fake models with `allocate` hold now (loaded, half loaded or leaked)."""
+    with _held_lock:
+        return _held_total[0]
+
+
+def _count_held(delta: int) -> None:
+    with _held_lock:
+        _held_total[0] += delta
 
 
 def fake_vector(text: str, dimensions: int) -> np.ndarray:
@@ -48,6 +67,8 @@ class FakeAdapter(Adapter):
         self.declared = int(options.get("footprint", 4 * self.width))
         self.allocate = bool(options.get("allocate", False))
         self.load_delay = float(options.get("load_delay", 0.0))
+        self.load_error = options.get("load_error")
+        self.unload_errors = int(options.get("unload_errors", 0))
         self.batches: list[int] = []
         self.loaded = False
         self._held: mmap.mmap | None = None
@@ -62,10 +83,17 @@ class FakeAdapter(Adapter):
             self._held = mmap.mmap(-1, size)
             for offset in range(0, size, page):
                 self._held[offset] = 1
+            _count_held(size)
+        if self.load_error is not None:
+            raise RuntimeError(str(self.load_error))
         self.loaded = True
 
     def unload(self) -> None:
+        if self.unload_errors > 0:
+            self.unload_errors -= 1
+            raise RuntimeError("injected failure: the unload raised")
         if self._held is not None:
+            _count_held(-len(self._held))
             self._held.close()
         self._held = None
         self.loaded = False

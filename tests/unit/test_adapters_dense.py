@@ -10,16 +10,23 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from model_registry import SyncRegistry
+from model_registry.types import Embedding, Result
 from tests.builders.text import CORPUS, tiny_bert, tiny_qwen2
 
 TEXTS = [*CORPUS, "short", "a somewhat longer sentence with several more words than the others in here"]
+
+
+def dense(result: Result) -> np.ndarray:
+    assert isinstance(result, Embedding)
+    assert result.dense is not None
+    return result.dense
 
 
 def embed(directory: Path, texts: list[str], **spec: Any) -> np.ndarray:
     config = {"models": [{"name": "m", "source": str(directory), "pin": True, **spec}]}
     with SyncRegistry.from_config(config) as registry:
         results = registry.embed("m", texts)
-    return np.stack([r.dense for r in results.items])  # type: ignore[union-attr]
+    return np.stack([dense(r) for r in results.items])
 
 
 def reference(directory: Path, texts: list[str], **kwargs: Any) -> np.ndarray:
@@ -67,7 +74,7 @@ def test_prompts_match_sentence_transformers(tmp_path: Path) -> None:
     with SyncRegistry.from_config(config) as registry:
         ours = registry.embed("m", TEXTS[:4], prompt_name="query")
     theirs = model.encode(TEXTS[:4], prompt_name="query")
-    np.testing.assert_allclose(np.stack([r.dense for r in ours.items]), theirs, atol=1e-5)  # type: ignore[misc]
+    np.testing.assert_allclose(np.stack([dense(r) for r in ours.items]), theirs, atol=1e-5)
 
 
 def test_prompt_excluded_from_pooling_matches_sentence_transformers(tmp_path: Path) -> None:
@@ -77,4 +84,4 @@ def test_prompt_excluded_from_pooling_matches_sentence_transformers(tmp_path: Pa
     with SyncRegistry.from_config(config) as registry:
         ours = registry.embed("m", TEXTS[:4], prompt_name="query")
     theirs = model.encode(TEXTS[:4], prompt_name="query")
-    np.testing.assert_allclose(np.stack([r.dense for r in ours.items]), theirs, atol=1e-5)  # type: ignore[misc]
+    np.testing.assert_allclose(np.stack([dense(r) for r in ours.items]), theirs, atol=1e-5)

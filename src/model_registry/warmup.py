@@ -1,0 +1,128 @@
+"""Worst-case batches for every model kind: what a CUDA load runs once to measure its working memory.
+
+A model's footprint on CUDA is its weights plus the peak of its largest batch. Each kind fills one
+batch at its `max_batch_tokens` with the longest inputs it takes: texts of its maximum length
+(embedders with every output they produce, rerankers with query-document pairs, classifiers),
+images that its processor turns into the most patches it allows, audio clips of the window it
+reads. A model with two towers (CLIP, CLAP) runs both; the peak over all of them is its footprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from model_registry.adapters.base import Adapter
+from model_registry.errors import RegistryError
+from model_registry.types import (
+    Capability,
+    ClassifyItem,
+    EmbedItem,
+    Item,
+    Media,
+    Modality,
+    Output,
+    PairItem,
+    Text,
+    TokenIds,
+)
+
+log = logging.getLogger(__name__)
+
+#: Side of the square image used for image models: processors resize to their own size; models of
+#: dynamic resolution (ColQwen2) cap their patches, which this side reaches.
+IMAGE_SIDE = 1024
+#: Seconds of audio for audio models: at least the window CLAP-style models read.
+AUDIO_SECONDS = 30.0
+_FALLBACK_LENGTH = 512
+
+
+def worst_case_batches(adapter: Adapter, max_batch_tokens: int) -> list[list[Item]]:
+    """One batch per input kind the model takes, each holding as many of its longest inputs as
+    fit `max_batch_tokens` (counted from what the model's own preparation says they cost)."""
+    caps = adapter.capabilities
+    length = min(adapter.max_length or _FALLBACK_LENGTH, max_batch_tokens)
+    words = " ".join(["word"] * length)  # one token or more per word: truncated at the model's length
+    longest: list[Item] = []
+    if Capability.RERANK in caps:
+        longest.append(PairItem(words, words))
+    if Capability.CLASSIFY in caps:
+        longest.append(ClassifyItem(words))
+    outputs = _text_outputs(caps)
+    if outputs:
+        # Token id 1 is inside every text model's vocabulary; client-given ids are the whole sequence.
+        # Others (ColBERT, media towers) take text only: their texts are cut at their own length.
+        ids = Capability.EMBED_TEXT in caps and not caps & {Capability.EMBED_IMAGE, Capability.EMBED_AUDIO}
+        longest.append(EmbedItem(TokenIds((1,) * length) if ids else Text(words), outputs))
+    media = _media_outputs(caps)
+    if Capability.EMBED_IMAGE in caps:
+        longest.append(EmbedItem(Media(Modality.IMAGE, _image()), media))
+    if Capability.EMBED_AUDIO in caps:
+        longest.append(EmbedItem(Media(Modality.AUDIO, _audio()), media))
+    batches = [_filled(adapter, item, max_batch_tokens) for item in longest]
+    return [b for b in batches if b]
+
+
+def run_batches(adapter: Adapter, batches: Sequence[Sequence[Item]]) -> int:
+    """Run each batch (copies of one input) through every stage; the number that ran (one the
+    model refuses is skipped)."""
+    ran = 0
+    for items in batches:
+        try:
+            # The copies of a batch are one input: prepared (decoded, tokenized) once, used n times.
+            one = adapter.prepare(items[:1])[0]
+            prepared = [dataclasses.replace(one, index=i) for i in range(len(items))]
+            collated = adapter.collate(prepared)
+            adapter.postprocess(collated, adapter.forward(collated))
+        except RegistryError as error:
+            log.warning("no warm-up of %s on %s: %s", type(adapter).__name__, type(items[0]).__name__, error)
+            continue
+        ran += 1
+    return ran
+
+
+def _text_outputs(caps: frozenset[Capability]) -> frozenset[Output]:
+    # Late-interaction models (ColBERT, ColPali) give token vectors only; BGE-M3 gives all three.
+    late = Capability.MULTIVECTOR in caps and Capability.SPARSE not in caps
+    wanted = {Output.DENSE} if Capability.EMBED_TEXT in caps and not late else set()
+    if Capability.SPARSE in caps:
+        wanted.add(Output.SPARSE)
+    if Capability.MULTIVECTOR in caps:
+        wanted.add(Output.MULTIVECTOR)
+    return frozenset(wanted)
+
+
+def _media_outputs(caps: frozenset[Capability]) -> frozenset[Output]:
+    return frozenset({Output.MULTIVECTOR}) if Capability.MULTIVECTOR in caps else frozenset({Output.DENSE})
+
+
+def _filled(adapter: Adapter, item: Item, max_batch_tokens: int) -> list[Item]:
+    """As many copies of `item` as one batch holds, from the cost its preparation reports."""
+    try:
+        cost = adapter.prepare([item])[0].cost
+    except RegistryError as error:
+        log.warning("no warm-up of %s on %s: %s", type(adapter).__name__, type(item).__name__, error)
+        return []
+    return [item] * max(1, max_batch_tokens // max(1, cost))
+
+
+def _image() -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _audio(rate: int = 48_000) -> bytes:
+    import soundfile
+
+    samples = np.random.default_rng(0).uniform(-0.5, 0.5, int(AUDIO_SECONDS * rate)).astype(np.float32)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format="WAV")
+    return buffer.getvalue()
