@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -13,6 +14,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from tests.builders.text import CORPUS
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 def clip_tokenizer(max_length: int = 32) -> PreTrainedTokenizerFast:
@@ -282,3 +286,38 @@ def tiny_colqwen2(root: Path, *, seed: int = 0) -> Path:
     ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm.to_dict(), embedding_dim=16)).eval().save_pretrained(root)
     processor.save_pretrained(root)
     return root
+
+
+def one_colour_png(side: int) -> bytes:
+    """A huge, single-colour PNG: tiny compressed, `side`² pixels once decoded."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("1", (side, side)).save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()
+
+
+def lying_wav(declared_frames: int, actual_frames: int) -> bytes:
+    """A 16-bit mono WAV whose header claims `declared_frames` but holds `actual_frames`."""
+    body = np.zeros(actual_frames, dtype="<i2").tobytes()
+    size = declared_frames * 2
+    header = b"RIFF" + struct.pack("<I", 36 + size) + b"WAVE"
+    fmt = b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, 16000, 32000, 2, 16)
+    return header + fmt + b"data" + struct.pack("<I", size) + body
+
+
+def strip_png(width: int, height: int) -> bytes:
+    """A single-colour strip: a few hundred bytes of PNG, `width` x `height` pixels."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()
+
+
+def smooth_image(width: int, height: int) -> Image.Image:
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width]
+    channels = [np.sin(x / 17.0) * 120 + 128, np.cos(y / 11.0) * 120 + 128, np.sin((x + y) / 29.0) * 120 + 128]
+    return Image.fromarray(np.stack(channels, -1).astype(np.uint8))

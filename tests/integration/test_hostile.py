@@ -26,11 +26,10 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.builders.media import image_bytes, tiny_clap, tiny_clip, wav_bytes
+from tests.builders.media import image_bytes, one_colour_png, strip_png, tiny_clap, tiny_clip, wav_bytes
 from tests.builders.zoo import tiny_cross_encoder, tiny_masked_lm
 from tests.integration.hostile_setup import ServerProcess, server_process
 from tests.media_http import file_server
-from tests.unit.test_media_decode import one_colour_png, strip_png
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.builders.media import image_bytes, tiny_clap, tiny_clip, wav_bytes
+from tests.builders.media import image_bytes, lying_wav, one_colour_png, tiny_clap, tiny_clip, wav_bytes
 from tests.conftest import LiveServer
 from tests.integration.media_setup import data_uri, media_server
 from tests.media_http import file_server
-from tests.unit.test_media_decode import lying_wav, one_colour_png
 
 pytestmark = pytest.mark.integration
 

@@ -63,7 +63,7 @@ def test_wrong_modality_and_token_ids_name_the_index(clip: Adapter, clap: Adapte
 
 def test_a_wide_strip_is_cropped_before_the_resize(clip: Adapter) -> None:
     """A 6000 x 30 image: the processor alone would resize it to 6400 x 32 first; the crop comes first."""
-    from tests.unit.test_media_decode import smooth_image
+    from tests.builders.media import smooth_image
 
     buffer = io.BytesIO()
     smooth_image(6000, 30).save(buffer, format="PNG")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infinity_server.cli import main
-from tests.unit.test_config_and_sources import lay_out_cache
+from tests.builders.hub import lay_out_cache
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,17 +1,15 @@
 from __future__ import annotations
 
 import io
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
-from PIL import Image
 
 from model_registry.errors import InvalidInput
 from model_registry.media import MediaLimits, decode_audio, decode_image
-from tests.builders.media import image_bytes, wav_bytes
+from tests.builders.media import image_bytes, lying_wav, one_colour_png, smooth_image, strip_png, wav_bytes
 
 
 def test_decodes_the_real_photo(data_dir: Path) -> None:
@@ -23,15 +21,6 @@ def test_decodes_the_real_photo(data_dir: Path) -> None:
 def test_image_over_the_pixel_limit_is_refused_before_decoding() -> None:
     with pytest.raises(InvalidInput, match=r"input 3: the image is 40x30 = 1,200 pixels, more than the limit of 1,000"):
         decode_image(image_bytes(40, 30), 3, MediaLimits(max_image_pixels=1000))
-
-
-def one_colour_png(side: int) -> bytes:
-    """A huge, single-colour PNG: tiny compressed, `side`² pixels once decoded."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("1", (side, side)).save(buffer, format="PNG", optimize=True)
-    return buffer.getvalue()
 
 
 def test_decompression_bomb_is_refused() -> None:
@@ -70,15 +59,6 @@ def test_audio_longer_than_the_limit() -> None:
         decode_audio(wav_bytes(3.0), 4, 16000, MediaLimits(max_audio_seconds=2))
 
 
-def lying_wav(declared_frames: int, actual_frames: int) -> bytes:
-    """A 16-bit mono WAV whose header claims `declared_frames` but holds `actual_frames`."""
-    body = np.zeros(actual_frames, dtype="<i2").tobytes()
-    size = declared_frames * 2
-    header = b"RIFF" + struct.pack("<I", 36 + size) + b"WAVE"
-    fmt = b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, 16000, 32000, 2, 16)
-    return header + fmt + b"data" + struct.pack("<I", size) + body
-
-
 @pytest.mark.parametrize("declared", [16000 * 3600 * 10, 16000])
 def test_wav_header_that_claims_more_than_it_holds_is_refused(declared: int) -> None:
     wav = lying_wav(declared_frames=declared, actual_frames=800)
@@ -103,15 +83,6 @@ def test_corrupt_audio_names_the_index() -> None:
         decode_audio(b"RIFF\x00\x00\x00\x00WAVEjunk", 5, 16000, MediaLimits())
 
 
-def strip_png(width: int, height: int) -> bytes:
-    """A single-colour strip: a few hundred bytes of PNG, `width` x `height` pixels."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG", optimize=True)
-    return buffer.getvalue()
-
-
 def test_extreme_aspect_ratio_is_refused_from_the_header() -> None:
     strip = strip_png(100_000, 1)
     assert len(strip) < 400
@@ -126,14 +97,6 @@ def test_expansion_past_the_ratio_is_refused_but_small_images_always_pass() -> N
         decode_image(flat, 0, MediaLimits())
     assert decode_image(flat, 0, MediaLimits(max_media_expansion=100_000)).size == (3000, 3000)
     assert decode_image(strip_png(1000, 1000), 0, MediaLimits()).size == (1000, 1000)  # under the floor
-
-
-def smooth_image(width: int, height: int) -> Image.Image:
-    from PIL import Image
-
-    y, x = np.mgrid[0:height, 0:width]
-    channels = [np.sin(x / 17.0) * 120 + 128, np.cos(y / 11.0) * 120 + 128, np.sin((x + y) / 29.0) * 120 + 128]
-    return Image.fromarray(np.stack(channels, -1).astype(np.uint8))
 
 
 @pytest.mark.parametrize("size", [(400, 20), (20, 400), (1000, 37), (3001, 250), (64, 48)])

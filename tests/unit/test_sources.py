@@ -8,6 +8,7 @@ import pytest
 
 from model_registry import ModelUnavailable
 from model_registry.sources import find_in_cache, resolve_source
+from tests.builders.hub import lay_out_cache
 
 
 def test_local_directory_and_missing_sources(tmp_path: Path) -> None:
@@ -16,17 +17,6 @@ def test_local_directory_and_missing_sources(tmp_path: Path) -> None:
         resolve_source("package:no_such_package_here")
     with pytest.raises(ModelUnavailable, match="neither a directory"):
         resolve_source("./does/not/exist")
-
-
-def lay_out_cache(cache: Path, repo: str, commit: str, branch: str = "main") -> Path:
-    """The standard hub cache layout: refs/<branch> holds the commit, snapshots/<commit>/ the files."""
-    root = cache / ("models--" + repo.replace("/", "--"))
-    snapshot = root / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text("{}")
-    (root / "refs").mkdir()
-    (root / "refs" / branch).write_text(commit)
-    return snapshot
 
 
 def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
