@@ -130,5 +130,5 @@ class BgeM3Adapter(TextEncoder):
             )
         return results
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {"outputs": sorted(o.value for o in _ALL), "colbert_dim": self.dimensions}

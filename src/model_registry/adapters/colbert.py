@@ -219,6 +219,6 @@ class ColbertAdapter(TextEncoder):
         keep = batch.keep.numpy()
         return [Embedding(multivector=np.ascontiguousarray(array[row][keep[row]])) for row in range(len(array))]
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         s = self.settings
         return {"query_maxlen": s.query_maxlen, "doc_maxlen": s.doc_maxlen, "dim": self.dimensions}

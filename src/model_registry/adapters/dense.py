@@ -14,11 +14,13 @@ import numpy as np
 import torch
 
 from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.adapters.engines import engine_for
 from model_registry.adapters.pooling import exclude_prompt, pool
 from model_registry.adapters.text import TextTokenizer, Tokens
 from model_registry.backends import create_engine
 from model_registry.backends import torch as backend
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
+from model_registry.backends.choice import Choice
 from model_registry.detect import DenseLayer, Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.types import (
@@ -83,6 +85,7 @@ class TextEncoder(Adapter):
         self.prompts = dict(layout.prompts)
         self.default_prompt_name = layout.default_prompt_name
         self.engine: Engine | None = None
+        self.choice = Choice("torch", "configured")
         self.config: Any = None
         self.tokenizer: TextTokenizer | None = None
         self.device = "cpu"
@@ -102,7 +105,9 @@ class TextEncoder(Adapter):
             directory, max_length=self.layout.max_length, config=config, do_lower_case=self.layout.do_lower_case
         )
         self.max_length = self.tokenizer.max_length
-        engine = create_engine(options.backend)
+        cuda = backend.resolve_device(options.device).startswith("cuda")
+        self.choice = engine_for(str(self.layout.root), options.backend, options.quantize, self.layout, cuda)
+        engine = create_engine(self.choice.backend)
         engine.load(directory, self.engine_options(options))
         self.engine, self.backend = engine, engine.name
         self.device, self.dtype = engine.device, engine.dtype
@@ -139,6 +144,16 @@ class TextEncoder(Adapter):
 
     def footprint(self) -> int:
         return self._footprint
+
+    def describe(self) -> dict[str, Any]:
+        """The family's facts plus the engine: which one runs the model and why."""
+        engine = {"backend": self.choice.backend, "reason": self.choice.reason}
+        if self.engine is not None:
+            engine.update(self.engine.describe())
+        return {**self.family_facts(), "engine": engine}
+
+    def family_facts(self) -> dict[str, Any]:
+        return {}
 
     def estimate(self, options: LoadOptions) -> int:
         """Weight files on disk plus the working memory of a full batch, before loading."""
@@ -234,7 +249,7 @@ class DenseAdapter(TextEncoder):
         array = np.ascontiguousarray(output.numpy(), dtype=np.float32)
         return [Embedding(dense=row) for row in array]
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {
             "pooling": self.layout.pooling,
             "normalize": self.layout.normalize,

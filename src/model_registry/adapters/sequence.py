@@ -218,7 +218,7 @@ class RerankerAdapter(SequenceClassifier):
             results.append(Score(value, logit=logit))
         return results
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {"activation": self.activation, "decoder": self.decoder}
 
 
@@ -247,5 +247,5 @@ class ClassifierAdapter(SequenceClassifier):
         array = np.ascontiguousarray(output.numpy(), dtype=np.float32)
         return [Labels(row, self.labels) for row in array]
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {"labels": list(self.labels), "decoder": self.decoder}

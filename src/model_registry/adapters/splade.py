@@ -94,5 +94,5 @@ class SpladeAdapter(TextEncoder):
             results.append(Embedding(sparse=vector))
         return results
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {"pooling": self.strategy, "top_k": self.top_k, "threshold": self.threshold}
