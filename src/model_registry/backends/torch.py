@@ -6,7 +6,6 @@ torch is imported here and in adapters that run on it, never by `import model_re
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
+from model_registry.backends.threads import compute_slot, cores
 from model_registry.errors import ModelUnavailable
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -47,9 +47,7 @@ def configure_threads(threads: int | None) -> None:
     with _threads_lock:
         if _threads_set:
             return
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        count = threads or cores
-        torch.set_num_threads(max(1, int(count or 1)))
+        torch.set_num_threads(max(1, threads or cores()))
         # Already set, or parallel work already started: keep torch's choice.
         with contextlib.suppress(RuntimeError):
             torch.set_num_interop_threads(1)
@@ -129,7 +127,7 @@ class TorchEngine(Engine):
         extra = {}
         if batch.token_type_ids is not None:
             extra["token_type_ids"] = torch.from_numpy(batch.token_type_ids).to(self.device)
-        with torch.inference_mode():
+        with compute_slot(self.device), torch.inference_mode():
             if self.task == "feature-extraction":
                 return EncoderOutput(hidden=self.model(input_ids=ids, attention_mask=mask, **extra)[0])
             if self.task == "sequence-classification" and self.decoder:
