@@ -47,11 +47,10 @@ def classifier_head(directory: Path, config: Any) -> Callable[[torch.Tensor], to
     if kind == "distilbert":
         pre = model.pre_classifier
         return lambda states: classifier(torch.relu(pre(states[:, 0])))
-    if hasattr(model, "bert") or (kind in ("bert", "electra") and hasattr(model, kind)):
-        pooler = getattr(getattr(model, kind, None), "pooler", None)
-        if pooler is not None:
-            return lambda states: classifier(pooler(states))
-    if kind in ("roberta", "xlm-roberta", "camembert", "electra"):
+    pooler = getattr(getattr(model, model.base_model_prefix, None), "pooler", None)
+    if kind == "bert" and pooler is not None:
+        return lambda states: classifier(pooler(states))
+    if kind in ("roberta", "xlm-roberta", "camembert"):
         return lambda states: classifier(states)  # these heads take the CLS state themselves
     raise UnsupportedOperation(f"no classifier head for model type '{kind}' outside the torch engine")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import shutil
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 

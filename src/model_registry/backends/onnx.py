@@ -43,7 +43,7 @@ def own_file(directory: Path, task: Task, quantize: str, fp16: bool) -> Path | N
 def _has_output(path: Path, output: str) -> bool:
     try:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception:  # noqa: BLE001 (a broken own file is skipped and the model exported instead)
+    except Exception:
         log.warning("the ONNX file %s cannot be read; exporting the model instead", path)
         return False
     return output in {o.name for o in session.get_outputs()}
@@ -93,7 +93,7 @@ class OnnxEngine(Engine):
             self.path = artifact_for(directory, options, fp16) / "model.onnx"
             try:
                 self.session = self._session(self.path, options)
-            except Exception as error:  # noqa: BLE001 (a cached file ORT rejects is rebuilt once)
+            except Exception as error:
                 log.warning("the cached ONNX model %s failed to load (%s); rebuilding it", self.path, error)
                 invalidate(self.path.parent)
                 self.path = artifact_for(directory, options, fp16) / "model.onnx"

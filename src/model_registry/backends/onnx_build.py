@@ -90,7 +90,7 @@ def optimize(source: Path, target: Path, fp16: bool) -> Path:
             model.convert_float_to_float16(keep_io_types=True)
         model.save_model_to_file(str(target))
         return target
-    except Exception as error:  # noqa: BLE001 (the optimizer is an improvement, not a requirement)
+    except Exception as error:
         log.warning("onnxruntime's transformer optimizer failed (%s); using the exported graph", error)
         if fp16:
             raise

@@ -54,7 +54,9 @@ def export(directory: Path, task: Task, target: Path, *, trust_remote_code: bool
         str(directory), dtype=torch.float32, trust_remote_code=trust_remote_code
     )
     model = model.eval()
-    type_ids = "token_type_ids" in model.forward.__code__.co_varnames and getattr(model.config, "type_vocab_size", 0) > 1
+    type_ids = (
+        "token_type_ids" in model.forward.__code__.co_varnames and getattr(model.config, "type_vocab_size", 0) > 1
+    )
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if type_ids else [])
     sample = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
     batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens")
