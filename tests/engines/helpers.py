@@ -20,11 +20,22 @@ TEXTS = [
 ]
 
 
-def load(directory: Path, backend: str, cache: Path, *, kind: str = "auto", quantize: str = "none") -> Adapter:
-    spec = ModelSpec(name="m", source=str(directory), kind=kind, backend=backend, quantize=quantize)  # type: ignore[arg-type]
+def load(
+    directory: Path,
+    backend: str,
+    cache: Path,
+    *,
+    kind: str = "auto",
+    quantize: str = "none",
+    device: str = "cpu",
+    dtype: str = "auto",
+) -> Adapter:
+    spec = ModelSpec.model_validate(
+        {"name": "m", "source": str(directory), "kind": kind, "backend": backend, "quantize": quantize}
+    )
     adapter = create_adapter(spec)
     options = LoadOptions(
-        device="cpu", dtype="auto", max_batch_tokens=4096, backend=backend, quantize=quantize, cache_dir=str(cache)
+        device=device, dtype=dtype, max_batch_tokens=4096, backend=backend, quantize=quantize, cache_dir=str(cache)
     )
     adapter.load(options)
     return adapter
@@ -71,7 +82,8 @@ def max_difference(left: Sequence[Result], right: Sequence[Result]) -> float:
     assert len(left) == len(right)
     for a, b in zip(left, right, strict=True):
         xs, ys = arrays(a), arrays(b)
-        assert len(xs) == len(ys) and xs, f"{a} and {b} carry different outputs"
+        assert xs, f"{a} carries no output"
+        assert len(xs) == len(ys), f"{a} and {b} carry different outputs"
         for x, y in zip(xs, ys, strict=True):
             if x.shape != y.shape:
                 return float("inf")

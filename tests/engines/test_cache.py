@@ -128,7 +128,8 @@ def test_onnx_export_is_cached_rebuilt_when_corrupt_and_keyed_by_options(bert: P
     first, path = _hidden(bert, tmp_path)
     built = path.stat().st_mtime_ns
     again, same = _hidden(bert, tmp_path)
-    assert same == path and path.stat().st_mtime_ns == built, "the second load exported again"
+    assert same == path
+    assert path.stat().st_mtime_ns == built, "the second load exported again"
     np.testing.assert_array_equal(first, again)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a truncated file
     rebuilt, _ = _hidden(bert, tmp_path)
