@@ -115,6 +115,53 @@ def in_process(engine: dict[str, Any], work: dict[str, list[list[str]]], probes:
     return figures
 
 
+def quality(engine: dict[str, Any], reference: Any) -> dict[str, float]:
+    """STS-benchmark test sentences on `engine` against sentence-transformers fp32: mean and worst
+    cosine, and the Spearman correlation with the gold scores (and its drop)."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    from model_registry.adapters import LoadOptions, create_adapter
+    from model_registry.config import ModelSpec
+    from model_registry.types import EmbedItem, Text
+
+    rows = sts_rows()
+    texts = sorted({s for a, b, _ in rows for s in (a, b)})
+    spec = ModelSpec.model_validate({"name": MODEL, "source": SOURCE, **engine})
+    adapter = create_adapter(spec)
+    backend, quantize = engine.get("backend", "torch"), engine.get("quantize", "none")
+    adapter.load(LoadOptions("cpu", "auto", BATCH_TOKENS, backend=backend, quantize=quantize))
+    vectors = []
+    for i in range(0, len(texts), 64):
+        collated = adapter.collate(adapter.prepare([EmbedItem(Text(t)) for t in texts[i : i + 64]]))
+        vectors += [r.dense for r in adapter.postprocess(collated, adapter.forward(collated))]  # type: ignore[union-attr]
+    adapter.unload()
+    ours, theirs = np.asarray(vectors), reference.encode(texts, batch_size=32)
+    cosines = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    index = {t: i for i, t in enumerate(texts)}
+    gold = [g for _, _, g in rows]
+
+    def spearman(v: Any) -> float:
+        return float(spearmanr([float(v[index[a]] @ v[index[b]]) for a, b, _ in rows], gold).statistic)
+
+    return {
+        "mean_cosine": float(cosines.mean()),
+        "worst_cosine": float(cosines.min()),
+        "spearman": spearman(ours),
+        "spearman_drop": spearman(theirs) - spearman(ours),
+    }
+
+
+def sts_rows() -> list[tuple[str, str, float]]:
+    import gzip
+
+    path = REPO.parent / "shared" / "data" / "stsbenchmark.tsv.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        header = handle.readline().rstrip("\n").split("\t")
+        rows = [dict(zip(header, line.rstrip("\n").split("\t"), strict=False)) for line in handle]
+    return [(r["sentence1"], r["sentence2"], float(r["score"])) for r in rows if r.get("split") == "test"]
+
+
 def sentence_transformers(work: dict[str, list[list[str]]]) -> dict[str, float]:
     from sentence_transformers import SentenceTransformer
 
@@ -137,6 +184,7 @@ def main() -> None:
     parser.add_argument("--long-inputs", type=int, default=256, help="inputs per long request")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--quality-only", action="store_true", help="only the STS-b quality of each engine")
     args = parser.parse_args()
     rng = random.Random(0)
     short = sentences()
@@ -148,6 +196,15 @@ def main() -> None:
     }
     probes = rng.sample(short, 23)
     results: dict[str, Any] = {"load_average_before": os.getloadavg()}
+    if args.quality_only:
+        from sentence_transformers import SentenceTransformer
+
+        from model_registry.sources import resolve_source
+
+        reference = SentenceTransformer(str(resolve_source(SOURCE)), device="cpu")
+        for name in args.engines.split(","):
+            print(name, json.dumps(quality(ENGINES[name], reference)), flush=True)
+        return
     results["sentence-transformers"] = sentence_transformers(work)
     print("sentence-transformers", json.dumps(results["sentence-transformers"]), flush=True)
     for name in args.engines.split(","):
@@ -164,9 +221,14 @@ def main() -> None:
 
 def report(results: dict[str, Any]) -> str:
     st = results["sentence-transformers"]
-    lines = ["| engine | short: server | in-process | server/in-process | x s-t | long: server | in-process | "
-             "server/in-process | x s-t | idle p50 (ms) | single forward (ms) |", "|" + "---|" * 11]
-    lines.append(f"| sentence-transformers | | {st['short_inputs_per_s']:.0f} | | 1.00 | | {st['long_inputs_per_s']:.1f} | | 1.00 | | |")
+    lines = [
+        "| engine | short: server | in-process | server/in-process | x s-t | long: server | in-process | "
+        "server/in-process | x s-t | idle p50 (ms) | single forward (ms) |",
+        "|" + "---|" * 11,
+    ]
+    lines.append(
+        f"| sentence-transformers | | {st['short_inputs_per_s']:.0f} | | 1.00 | | {st['long_inputs_per_s']:.1f} | | 1.00 | | |"
+    )
     for name, value in results.items():
         if not isinstance(value, dict) or "server" not in value:
             continue

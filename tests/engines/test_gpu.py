@@ -32,7 +32,9 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_bert(tmp_path_factory.mktemp("bert") / "bert")
 
 
-@pytest.mark.parametrize(("backend", "dtype"), [("onnx", "float16"), ("ctranslate2", "float16"), ("ctranslate2", "int8_float16")])
+@pytest.mark.parametrize(
+    ("backend", "dtype"), [("onnx", "float16"), ("ctranslate2", "float16"), ("ctranslate2", "int8_float16")]
+)
 def test_cuda_engines_match_torch_in_half_precision(bert: Path, tmp_path: Path, backend: str, dtype: str) -> None:
     cuda_for(backend)
     reference = run(load(bert, "torch", tmp_path, device="cpu"), embed_items())
