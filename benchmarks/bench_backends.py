@@ -226,9 +226,8 @@ def report(results: dict[str, Any]) -> str:
         "server/in-process | x s-t | idle p50 (ms) | single forward (ms) |",
         "|" + "---|" * 11,
     ]
-    lines.append(
-        f"| sentence-transformers | | {st['short_inputs_per_s']:.0f} | | 1.00 | | {st['long_inputs_per_s']:.1f} | | 1.00 | | |"
-    )
+    short, long = st["short_inputs_per_s"], st["long_inputs_per_s"]
+    lines.append(f"| sentence-transformers | | {short:.0f} | | 1.00 | | {long:.1f} | | 1.00 | | |")
     for name, value in results.items():
         if not isinstance(value, dict) or "server" not in value:
             continue
