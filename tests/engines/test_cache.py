@@ -138,3 +138,22 @@ def test_onnx_export_is_cached_rebuilt_when_corrupt_and_keyed_by_options(bert: P
     assert quantized.parent != path.parent
     manifest = json.loads((quantized.parent / cache.MANIFEST).read_text())
     assert manifest["meta"]["quantize"] == "int8"
+
+
+def test_the_directorys_own_onnx_file_is_used_without_exporting(bert: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from model_registry.backends.onnx import OnnxEngine
+
+    exported, path = _hidden(bert, tmp_path / "first")
+    own = tmp_path / "own"
+    shutil.copytree(bert, own)
+    (own / "onnx").mkdir()
+    shutil.copyfile(path, own / "onnx" / "model.onnx")
+    engine = OnnxEngine()
+    engine.load(own, EngineOptions(device="cpu", cache_dir=str(tmp_path / "second")))
+    assert engine.own
+    assert engine.path == own / "onnx" / "model.onnx"
+    assert not (tmp_path / "second" / "onnx").exists(), "the model was exported although it has its own file"
+    ids = np.array([[2, 10, 11, 12, 3]], dtype=np.int64)
+    np.testing.assert_allclose(engine.run(EncoderBatch(ids, np.ones_like(ids))).hidden, exported, atol=1e-6)

@@ -106,7 +106,7 @@ class TextEncoder(Adapter):
         )
         self.max_length = self.tokenizer.max_length
         cuda = backend.resolve_device(options.device).startswith("cuda")
-        self.choice = engine_for(str(self.layout.root), options.backend, options.quantize, self.layout, cuda)
+        self.choice = engine_for(str(self.layout.root), options, self.layout, cuda)
         engine = create_engine(self.choice.backend)
         engine.load(directory, self.engine_options(options))
         self.engine, self.backend = engine, engine.name
@@ -163,9 +163,10 @@ class TextEncoder(Adapter):
 
         directory = self.layout.transformer_dir
         config = AutoConfig.from_pretrained(str(directory), trust_remote_code=self.trust_remote_code)
-        dtype = backend.resolve_dtype(options.dtype, backend.resolve_device(options.device))
-        if options.backend != "torch":
-            dtype = torch.float32
+        # Converting engines keep float32 activations on CPU; their working memory is sized so.
+        dtype = torch.float32
+        if options.backend == "torch":
+            dtype = backend.resolve_dtype(options.dtype, backend.resolve_device(options.device))
         working = backend.activation_estimate(config, options.max_batch_tokens, self.layout.max_length, dtype)
         return weight_bytes(self.layout.root) + working
 

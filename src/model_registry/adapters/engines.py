@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from model_registry.adapters.base import LoadOptions
 from model_registry.backends.choice import Choice, choose
 from model_registry.config import ModelSpec
 from model_registry.detect import Layout
 from model_registry.errors import ConfigError, RegistryError
 
 
-def engine_for(name: str, backend: str, quantize: str, layout: Layout, cuda: bool) -> Choice:
+def engine_for(name: str, options: LoadOptions | ModelSpec, layout: Layout, cuda: bool) -> Choice:
     """The engine a model of `layout` runs on; a bad combination is a `ConfigError`."""
     try:
-        return choose(name, backend, quantize, layout.kind.value, layout.config, cuda)
+        kind = layout.kind.value
+        return choose(name, options.backend, options.quantize, kind, layout.config, cuda, dtype=options.dtype)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
@@ -38,4 +40,4 @@ def check_engines(specs: Iterable[ModelSpec]) -> None:
             layout = detect(resolve_source(spec.source, revision=spec.revision), spec)
         except RegistryError:
             continue
-        engine_for(spec.name, spec.backend, spec.quantize, layout, cuda=spec.device.startswith("cuda"))
+        engine_for(spec.name, spec, layout, cuda=spec.device.startswith("cuda"))

@@ -85,7 +85,9 @@ def installed(backend: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def choose(name: str, backend: str, quantize: str, kind: str, config: dict[str, Any], cuda: bool) -> Choice:
+def choose(
+    name: str, backend: str, quantize: str, kind: str, config: dict[str, Any], cuda: bool, *, dtype: str = "auto"
+) -> Choice:
     """The engine for `backend` (checked), or for `auto` the fastest measured one that fits.
 
     The ranking comes from docs/backends.md: on CPU ONNX Runtime beats torch in fp32 and, with
@@ -97,7 +99,8 @@ def choose(name: str, backend: str, quantize: str, kind: str, config: dict[str, 
     model_type = str(config.get("model_type", "unknown"))
     candidates = ["onnx", "ctranslate2"] if not cuda else []
     for engine in candidates:
-        if kind in FAMILIES[engine] and model_type in ARCHITECTURES[engine] and installed(engine):
+        fits = kind in FAMILIES[engine] and model_type in ARCHITECTURES[engine] and dtype in DTYPES[engine]
+        if fits and installed(engine):
             precision = "int8" if quantize == "int8" else "fp32"
             return Choice(engine, f"auto: fastest measured engine for {kind} '{model_type}' on CPU in {precision}")
     if quantize == "int8":
