@@ -1,7 +1,8 @@
 """Engines side by side on the bundled all-MiniLM-L6-v2: the server over HTTP, the same engine
 in-process (the ceiling), and sentence-transformers `encode`, all in one run.
 
-    .venv/bin/python benchmarks/bench_backends.py [--requests-per-client N] [--long-inputs N] [--json OUT]
+    .venv/bin/python benchmarks/bench_backends.py [--requests-per-client N] [--short-inputs N]
+        [--long-inputs N] [--engines torch,onnx,...] [--json OUT] [--quality-only]
 
 For each engine (torch, onnx, onnx int8, ctranslate2, ctranslate2 int8):
 1. the server (`infinity-server serve`, one model, a subprocess) with 4 clients x 256 inputs per
@@ -181,6 +182,7 @@ def sentence_transformers(work: dict[str, list[list[str]]]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests-per-client", type=int, default=1)
+    parser.add_argument("--short-inputs", type=int, default=256, help="inputs per short request")
     parser.add_argument("--long-inputs", type=int, default=256, help="inputs per long request")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--json", type=Path)
@@ -191,7 +193,7 @@ def main() -> None:
     docs = long_documents(short, 1024, rng)
     count = 4 * args.requests_per_client
     work = {
-        "short": [rng.sample(short, 256) for _ in range(count)],
+        "short": [rng.sample(short, args.short_inputs) for _ in range(count)],
         "long": [rng.sample(docs, args.long_inputs) for _ in range(count)],
     }
     probes = rng.sample(short, 23)
