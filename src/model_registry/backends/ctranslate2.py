@@ -94,9 +94,9 @@ class Ct2Engine(Engine):
         def build(staging: Path) -> None:
             convert(directory, staging, options.trust_remote_code)
 
-        before = psutil.Process().memory_info().rss
         artifact = cached(root, "ctranslate2", key, build, meta={"source": str(directory), **versions})
         self.path = artifact / "model"
+        before = psutil.Process().memory_info().rss  # after the conversion: only what loading adds
         try:
             self.encoder = self._open(device, index, options)
         except (RuntimeError, ValueError) as error:
@@ -104,7 +104,10 @@ class Ct2Engine(Engine):
             invalidate(artifact)
             artifact = cached(root, "ctranslate2", key, build, meta={"source": str(directory), **versions})
             self.encoder = self._open(device, index, options)
-        self._bytes = max(psutil.Process().memory_info().rss - before, 1)
+        weights = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+        self._bytes = max(
+            psutil.Process().memory_info().rss - before, weights // 4 if self.dtype.startswith("int8") else weights
+        )
 
     def _open(self, device: str, index: int, options: EngineOptions) -> Any:
         return ctranslate2.Encoder(

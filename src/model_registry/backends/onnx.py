@@ -85,12 +85,13 @@ class OnnxEngine(Engine):
         self.dtype = "int8" if options.quantize == "int8" else "float16" if fp16 else "float32"
         self.task, self.output = options.task, OUTPUT[options.task]
         own = own_file(directory, options.task, options.quantize, fp16)
-        before = psutil.Process().memory_info().rss
         if own is not None:
             self.path, self.own = own, True
+            before = psutil.Process().memory_info().rss
             self.session = self._session(own, options)
         else:
             self.path = artifact_for(directory, options, fp16) / "model.onnx"
+            before = psutil.Process().memory_info().rss  # after the export: only what loading adds
             try:
                 self.session = self._session(self.path, options)
             except Exception as error:
