@@ -52,10 +52,12 @@ def test_two_engines_at_once_take_turns_with_every_core(tmp_path: Path) -> None:
     assert onnx.session.get_session_options().intra_op_num_threads == cores()
     spans: list[tuple[float, float]] = []
     lock = threading.Lock()
-    onnx.session = Recorder(onnx.session, spans, lock)  # type: ignore[assignment]
-    onnx.session.run = Recorder(onnx.session.inner.run, spans, lock)  # type: ignore[union-attr]
-    ct2.encoder = Recorder(ct2.encoder, spans, lock)
-    ct2.encoder.forward_batch = Recorder(ct2.encoder.inner.forward_batch, spans, lock)
+    session: Any = Recorder(onnx.session, spans, lock)
+    session.run = Recorder(session.inner.run, spans, lock)
+    onnx.session = session
+    encoder: Any = Recorder(ct2.encoder, spans, lock)
+    encoder.forward_batch = Recorder(encoder.inner.forward_batch, spans, lock)
+    ct2.encoder = encoder
     torch_engine.model = Recorder(torch_engine.model, spans, lock)
     ids = np.array([[2, 10, 11, 12, 13, 14, 3]] * 8, dtype=np.int64)
     batch = EncoderBatch(ids, np.ones_like(ids))
