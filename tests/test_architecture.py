@@ -95,3 +95,25 @@ def test_the_dialect_modules_do_not_import_each_other_in_a_circle() -> None:
 
     circular = [module for module in graph if reaches(module, module, set())]
     assert not circular, f"import circle through {circular}"
+
+
+def test_adapters_import_engines_never_the_reverse() -> None:
+    for path, names in imported_modules("model_registry").items():
+        if path.startswith("model_registry/backends/"):
+            upward = {n for n in names if n.startswith(("model_registry.adapters", "model_registry.registry"))}
+            assert not upward, f"{path} imports {upward}: engines sit below the adapters"
+    base = imported_modules("model_registry")["model_registry/backends/base.py"]
+    assert {n for n in base if n.startswith("model_registry")} == set(), "the engine contract is a leaf"
+    assert {n.split(".")[0] for n in base} <= {"__future__", "abc", "dataclasses", "pathlib", "typing", "numpy"}
+
+
+def test_torch_is_imported_only_by_its_engine_and_the_adapters_that_need_it() -> None:
+    allowed = (
+        "model_registry/adapters/",  # heads, pooling and media towers run on torch
+        "model_registry/backends/torch.py",  # the engine
+        "model_registry/backends/onnx_export.py",  # exporting to ONNX traces the torch model
+        "model_registry/memory.py",  # CUDA memory probing, imported only when CUDA is asked about
+    )
+    for path, names in imported_modules("model_registry").items():
+        if any(n.split(".")[0] == "torch" for n in names):
+            assert path.startswith(allowed), f"{path} imports torch"

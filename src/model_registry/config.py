@@ -42,9 +42,10 @@ class ModelSpec(_Frozen):
     name: str = Field(min_length=1, max_length=200)
     source: str = Field(min_length=1)
     kind: Kind | Literal["auto"] = "auto"
-    backend: Literal["torch"] = "torch"
+    backend: Literal["torch", "onnx", "ctranslate2", "auto"] = "torch"
+    quantize: Literal["none", "int8"] = "none"
     device: str = "auto"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "int8_float16"] = "auto"
     pin: bool = False
     revision: str | None = None
     max_batch_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -66,6 +67,14 @@ class ModelSpec(_Frozen):
         if not _DEVICE.match(value):
             raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
         return value
+
+    @model_validator(mode="after")
+    def _engine(self) -> ModelSpec:
+        """Combinations no engine runs, told at start with what is supported."""
+        from model_registry.backends.choice import check_static
+
+        check_static(self.name, self.backend, self.quantize, self.dtype, self.device, self.kind)
+        return self
 
     @field_validator("name")
     @classmethod
@@ -100,6 +109,9 @@ class RegistryConfig(_Frozen):
     admission_headroom: float = Field(default=0.7, gt=0, le=1)
     #: Clients may raise their priority above the default without the `priority` key scope.
     allow_client_priority: bool = False
+    #: Where converted engine artifacts (ONNX exports, CTranslate2 models) are cached; None is
+    #: $INFINITY_ENGINE_CACHE or the user's cache directory.
+    engine_cache: str | None = None
 
     @field_validator("memory_budget")
     @classmethod

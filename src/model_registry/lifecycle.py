@@ -207,6 +207,9 @@ class Lifecycle:
         options = LoadOptions(
             device=spec.device,
             dtype=spec.dtype,
+            backend=spec.backend,
+            quantize=spec.quantize,
+            cache_dir=self.config.engine_cache,
             max_batch_tokens=batch_tokens(spec),
             max_image_pixels=self.config.max_image_pixels,
             max_audio_seconds=self.config.max_audio_seconds,

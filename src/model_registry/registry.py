@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from model_registry.adapters import Adapter
+from model_registry.adapters.engines import check_engines
 from model_registry.adapters.text import TextTokenizer
 from model_registry.admission import client_priority, deadline_after, price
 from model_registry.batching import Request
@@ -80,6 +81,7 @@ class Registry:
         on_event: Callable[[LifecycleEvent], None] | None = None,
     ) -> None:
         self.config = config
+        check_engines(config.models)  # a combination no engine runs stops the start, naming the fix
         self._handles = {spec.name: ModelHandle(spec) for spec in config.models}
         self._lifecycle = Lifecycle(config, self._handles, on_batch=on_batch, on_event=on_event)
         self._started = False

@@ -36,6 +36,11 @@ class LoadOptions:
     dtype: str
     max_batch_tokens: int
     threads: int | None = None
+    #: The engine that runs the forward pass (torch | onnx | ctranslate2, already chosen for
+    #: 'auto'), its weight quantization (none | int8), where converted artifacts are cached.
+    backend: str = "torch"
+    quantize: str = "none"
+    cache_dir: str | None = None
     max_image_pixels: int = 40_000_000
     max_audio_seconds: float = 600.0
     max_image_aspect_ratio: float = 200.0

@@ -58,12 +58,10 @@ class BgeM3Adapter(TextEncoder):
         self.skip: frozenset[int] = frozenset()
 
     def load(self, options: LoadOptions) -> None:
-        from transformers import AutoModel
-
-        self.load_model(options, AutoModel)
+        self.load_model(options)
         self.colbert_linear = self._head("colbert_linear.pt")
         self.sparse_linear = self._head("sparse_linear.pt")
-        self.dimensions = int(self.model.config.hidden_size)
+        self.dimensions = int(self.config.hidden_size)
         hf = self.tokenizer.tokenizer if self.tokenizer else None
         assert hf is not None
         special = (hf.cls_token_id, hf.eos_token_id, hf.pad_token_id, hf.unk_token_id)
@@ -78,7 +76,7 @@ class BgeM3Adapter(TextEncoder):
             linear.load_state_dict(state)
         except (OSError, KeyError, RuntimeError) as error:
             raise ModelUnavailable(f"cannot read the BGE-M3 head {path}: {error}") from error
-        return linear.to(device=self.device, dtype=self.dtype).eval()
+        return linear.to(device=self.head_device, dtype=self.head_dtype).eval()
 
     def unload(self) -> None:
         self.colbert_linear = self.sparse_linear = None
@@ -98,18 +96,20 @@ class BgeM3Adapter(TextEncoder):
         assert self.colbert_linear is not None, "This is a bug: forward() called before load()"
         assert self.sparse_linear is not None, "This is a bug: forward() called before load()"
         batch = collated[0]
+        output = self.run(batch.inputs)
         with torch.inference_mode():
-            states = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[0]
+            states = self.states(output)
+            attention = batch.attention_mask.to(states.device)
             dense = torch.nn.functional.normalize(states[:, 0].float(), dim=-1)
             weights = torch.relu(self.sparse_linear(states)).squeeze(-1).float()
             colbert = self.colbert_linear(states[:, 1:]).float()
-            colbert = colbert * batch.attention_mask[:, 1:].unsqueeze(-1).float()
+            colbert = colbert * attention[:, 1:].unsqueeze(-1).float()
             colbert = torch.nn.functional.normalize(colbert, dim=-1)
             return M3Output(dense.cpu(), weights.cpu(), colbert.cpu())
 
     def postprocess(self, collated: tuple[TextBatch, list[frozenset[Output]]], output: M3Output) -> list[Result]:
         batch, wanted = collated
-        ids, mask = batch.input_ids.cpu().numpy(), batch.attention_mask.cpu().numpy().astype(bool)
+        ids, mask = batch.inputs.input_ids, batch.inputs.attention_mask.astype(bool)
         dense, weights, colbert = output.dense.numpy(), output.token_weights.numpy(), output.colbert.numpy()
         results: list[Result] = []
         for row, outputs in enumerate(wanted):
@@ -130,5 +130,5 @@ class BgeM3Adapter(TextEncoder):
             )
         return results
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {"outputs": sorted(o.value for o in _ALL), "colbert_dim": self.dimensions}

@@ -29,6 +29,7 @@ import torch
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextEncoder, load_dense_layer
 from model_registry.adapters.items import embed_item
+from model_registry.backends.base import EncoderBatch
 from model_registry.detect import DenseLayer, Layout, read_json
 from model_registry.detect import _dense_layer as dense_layer
 from model_registry.errors import InvalidInput, ModelUnavailable
@@ -86,8 +87,7 @@ class ColbertTokens:
 
 @dataclass(frozen=True)
 class ColbertBatch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    inputs: EncoderBatch
     keep: torch.Tensor
 
 
@@ -132,20 +132,18 @@ class ColbertAdapter(TextEncoder):
         self.skip_ids: frozenset[int] = frozenset()
 
     def load(self, options: LoadOptions) -> None:
-        from transformers import AutoModel
-
-        self.load_model(options, AutoModel)
+        self.load_model(options)
         layers = self.layout.dense_layers or pylate_dense_layers(self.layout.root)
         if layers:
             self.projection = torch.nn.Sequential(
-                *(load_dense_layer(layer, self.device, self.dtype) for layer in layers)
+                *(load_dense_layer(layer, self.head_device, self.head_dtype) for layer in layers)
             )
             self.dimensions = layers[-1].out_features
         else:
             weight = _linear_from_checkpoint(self.layout.root)
             linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
             linear.load_state_dict({"weight": weight})
-            self.projection = linear.to(device=self.device, dtype=self.dtype).eval()
+            self.projection = linear.to(device=self.head_device, dtype=self.head_dtype).eval()
             self.dimensions = int(weight.shape[0])
         self.markers = (self._token_id(self.settings.query_marker), self._token_id(self.settings.doc_marker))
         hf = self.hf
@@ -206,13 +204,13 @@ class ColbertAdapter(TextEncoder):
             ids[row, : len(tokens.ids)] = tokens.ids
             attention[row, : tokens.attended] = 1
             keep[row, : len(tokens.keep)] = tokens.keep
-        to = self.device
-        return ColbertBatch(torch.from_numpy(ids).to(to), torch.from_numpy(attention).to(to), torch.from_numpy(keep))
+        return ColbertBatch(EncoderBatch(ids, attention), torch.from_numpy(keep))
 
     def forward(self, batch: ColbertBatch) -> torch.Tensor:
         assert self.projection is not None
+        output = self.run(batch.inputs)
         with torch.inference_mode():
-            states = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[0]
+            states = self.states(output)
             vectors = self.projection(states).float()
             normalised: torch.Tensor = torch.nn.functional.normalize(vectors, p=2, dim=-1).cpu()
             return normalised
@@ -222,6 +220,6 @@ class ColbertAdapter(TextEncoder):
         keep = batch.keep.numpy()
         return [Embedding(multivector=np.ascontiguousarray(array[row][keep[row]])) for row in range(len(array))]
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         s = self.settings
         return {"query_maxlen": s.query_maxlen, "doc_maxlen": s.doc_maxlen, "dim": self.dimensions}

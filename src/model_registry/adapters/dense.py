@@ -14,9 +14,13 @@ import numpy as np
 import torch
 
 from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.adapters.engines import engine_for
 from model_registry.adapters.pooling import exclude_prompt, pool
 from model_registry.adapters.text import TextTokenizer, Tokens
+from model_registry.backends import create_engine
 from model_registry.backends import torch as backend
+from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
+from model_registry.backends.choice import Choice
 from model_registry.detect import DenseLayer, Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.types import (
@@ -43,7 +47,9 @@ _ACTIVATIONS = {
 
 @dataclass(frozen=True)
 class TextBatch:
-    input_ids: torch.Tensor
+    """The engine's inputs plus, on CPU, the attention mask and the mask of tokens that pool."""
+
+    inputs: EncoderBatch
     attention_mask: torch.Tensor
     pool_mask: torch.Tensor
 
@@ -64,53 +70,92 @@ def load_dense_layer(layer: DenseLayer, device: str, dtype: torch.dtype) -> torc
 
 
 class TextEncoder(Adapter):
-    """What every transformer text adapter shares: loading, tokenizing, padding, sizes."""
+    """What every transformer text adapter shares: the engine, tokenizing, padding, sizes.
+
+    The engine (torch, ONNX Runtime or CTranslate2) runs the transformer; the heads this module
+    and its subclasses add on top run on torch, on `head_device`, whatever the engine."""
 
     backend = "torch"
     #: Which end of an over-long text may be cut (`text_tokens` honours `EmbedItem.truncate_left`).
     truncation_sides: tuple[str, ...] = ("right", "left")
+    #: What the engine's forward returns for this family.
+    task: Task = "feature-extraction"
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         self.layout = layout
         self.trust_remote_code = trust_remote_code
         self.prompts = dict(layout.prompts)
         self.default_prompt_name = layout.default_prompt_name
-        self.model: Any = None
+        self.engine: Engine | None = None
+        self.choice = Choice("torch", "configured")
+        self.config: Any = None
         self.tokenizer: TextTokenizer | None = None
         self.device = "cpu"
-        self.dtype = torch.float32
+        self.dtype: Any = torch.float32
+        self.head_device = "cpu"
+        self.head_dtype = torch.float32
         self._footprint = 0
 
-    def load_model(self, options: LoadOptions, auto_class: Any) -> None:
+    def load_model(self, options: LoadOptions) -> None:
+        """Tokenizer, config and the engine for `self.task`; sizes the footprint."""
         from transformers import AutoConfig
-        from transformers.utils import logging as transformers_logging
 
-        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-
-        self.device = backend.resolve_device(options.device)
-        self.dtype = backend.resolve_dtype(options.dtype, self.device)
-        backend.configure_threads(options.threads)
-        directory = str(self.layout.transformer_dir)
-        config = AutoConfig.from_pretrained(directory, trust_remote_code=self.trust_remote_code)
+        directory = self.layout.transformer_dir
+        config = AutoConfig.from_pretrained(str(directory), trust_remote_code=self.trust_remote_code)
+        self.config = config
         self.tokenizer = TextTokenizer(
-            self.layout.transformer_dir,
-            max_length=self.layout.max_length,
-            config=config,
-            do_lower_case=self.layout.do_lower_case,
+            directory, max_length=self.layout.max_length, config=config, do_lower_case=self.layout.do_lower_case
         )
         self.max_length = self.tokenizer.max_length
-        model = auto_class.from_pretrained(directory, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
-        self.model = model.to(self.device).eval()
-        weights = backend.module_bytes(self.model)
-        working = backend.activation_estimate(config, options.max_batch_tokens, self.max_length, self.dtype)
-        self._footprint = weights + working
+        cuda = backend.resolve_device(options.device).startswith("cuda")
+        self.choice = engine_for(str(self.layout.root), options, self.layout, cuda)
+        engine = create_engine(self.choice.backend)
+        engine.load(directory, self.engine_options(options))
+        self.engine, self.backend = engine, engine.name
+        self.device, self.dtype = engine.device, engine.dtype
+        if isinstance(engine, backend.TorchEngine):
+            self.head_device, self.head_dtype = engine.device, engine.torch_dtype
+            self.dtype = engine.torch_dtype
+        working = backend.activation_estimate(config, options.max_batch_tokens, self.max_length, torch.float32)
+        self._footprint = engine.footprint() + working
+
+    def engine_options(self, options: LoadOptions) -> EngineOptions:
+        return EngineOptions(
+            task=self.task,
+            device=options.device,
+            dtype=options.dtype,
+            quantize=options.quantize,
+            threads=options.threads,
+            cache_dir=options.cache_dir,
+            trust_remote_code=self.trust_remote_code,
+        )
+
+    def run(self, inputs: EncoderBatch) -> EncoderOutput:
+        assert self.engine is not None, "This is a bug: forward() called before load()"
+        return self.engine.run(inputs)
+
+    def states(self, output: EncoderOutput) -> torch.Tensor:
+        """The engine's last hidden state as a tensor on the heads' device, in the heads' dtype."""
+        return torch.as_tensor(output.hidden, device=self.head_device).to(self.head_dtype)
 
     def unload(self) -> None:
-        self.model = None
+        if self.engine is not None:
+            self.engine.release()
+        self.engine = None
         self.tokenizer = None
 
     def footprint(self) -> int:
         return self._footprint
+
+    def describe(self) -> dict[str, Any]:
+        """The family's facts plus the engine: which one runs the model and why."""
+        engine = {"backend": self.choice.backend, "reason": self.choice.reason}
+        if self.engine is not None:
+            engine.update(self.engine.describe())
+        return {**self.family_facts(), "engine": engine}
+
+    def family_facts(self) -> dict[str, Any]:
+        return {}
 
     def estimate(self, options: LoadOptions) -> int:
         """Weight files on disk plus the working memory of a full batch, before loading."""
@@ -120,7 +165,10 @@ class TextEncoder(Adapter):
 
         directory = self.layout.transformer_dir
         config = AutoConfig.from_pretrained(str(directory), trust_remote_code=self.trust_remote_code)
-        dtype = backend.resolve_dtype(options.dtype, backend.resolve_device(options.device))
+        # Converting engines keep float32 activations on CPU; their working memory is sized so.
+        dtype = torch.float32
+        if options.backend == "torch":
+            dtype = backend.resolve_dtype(options.dtype, backend.resolve_device(options.device))
         working = backend.activation_estimate(config, options.max_batch_tokens, self.layout.max_length, dtype)
         return weight_bytes(self.layout.root) + working
 
@@ -149,10 +197,10 @@ class TextEncoder(Adapter):
     def text_batch(self, items: Sequence[Prepared]) -> TextBatch:
         assert self.tokenizer is not None, "This is a bug: collate() called before load()"
         padded = self.tokenizer.pad([p.data.ids for p in items])
-        ids = torch.from_numpy(padded.input_ids).to(self.device)
-        attention = torch.from_numpy(padded.attention_mask).to(self.device)
-        prompt = torch.tensor([p.data.prompt_tokens for p in items], device=self.device)
-        return TextBatch(ids, attention, exclude_prompt(attention, prompt))
+        attention = torch.from_numpy(padded.attention_mask)
+        prompt = torch.tensor([p.data.prompt_tokens for p in items])
+        inputs = EncoderBatch(padded.input_ids, padded.attention_mask)
+        return TextBatch(inputs, attention, exclude_prompt(attention, prompt))
 
 
 class DenseAdapter(TextEncoder):
@@ -164,11 +212,9 @@ class DenseAdapter(TextEncoder):
         self.head: list[torch.nn.Module] = []
 
     def load(self, options: LoadOptions) -> None:
-        from transformers import AutoModel
-
-        self.load_model(options, AutoModel)
-        self.head = [load_dense_layer(layer, self.device, self.dtype) for layer in self.layout.dense_layers]
-        hidden = int(getattr(self.model.config, "hidden_size", 0))
+        self.load_model(options)
+        self.head = [load_dense_layer(layer, self.head_device, self.head_dtype) for layer in self.layout.dense_layers]
+        hidden = int(getattr(self.config, "hidden_size", 0))
         self.dimensions = self.layout.dense_layers[-1].out_features if self.layout.dense_layers else hidden
         self._footprint += sum(backend.module_bytes(m) for m in self.head)
 
@@ -193,12 +239,13 @@ class DenseAdapter(TextEncoder):
         return self.text_batch(items)
 
     def forward(self, batch: TextBatch) -> torch.Tensor:
+        output = self.run(batch.inputs)
         with torch.inference_mode():
-            output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-            states = output[0]
-            vectors = pool(states, batch.pool_mask, batch.attention_mask, self.layout.pooling)
+            states = self.states(output)
+            to = states.device
+            vectors = pool(states, batch.pool_mask.to(to), batch.attention_mask.to(to), self.layout.pooling)
             for module in self.head:
-                vectors = module(vectors.to(self.dtype)).float()
+                vectors = module(vectors.to(self.head_dtype)).float()
             if self.layout.normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
             return vectors.float().cpu()
@@ -207,7 +254,7 @@ class DenseAdapter(TextEncoder):
         array = np.ascontiguousarray(output.numpy(), dtype=np.float32)
         return [Embedding(dense=row) for row in array]
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {
             "pooling": self.layout.pooling,
             "normalize": self.layout.normalize,

@@ -9,8 +9,9 @@ pad token nor a pad token equal to end-of-text changes the result.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,8 @@ import torch
 
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextEncoder
-from model_registry.adapters.pooling import pool
 from model_registry.adapters.text import pad
+from model_registry.backends.base import EncoderBatch, Task
 from model_registry.detect import Layout
 from model_registry.errors import InputTooLong, UnsupportedOperation
 from model_registry.types import Capability, ClassifyItem, Item, Kind, Labels, PairItem, Prepared, Result, Score
@@ -33,11 +34,30 @@ class Encoded:
     type_ids: tuple[int, ...]
 
 
+def classifier_head(directory: Path, config: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The head of a `*ForSequenceClassification` checkpoint as a function of the last hidden
+    state, for engines that return only the encoder's states (CTranslate2).
+
+    The checkpoint is read once on CPU and everything but the head is dropped."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=torch.float32).eval()
+    kind = str(getattr(config, "model_type", ""))
+    classifier = model.classifier
+    if kind == "distilbert":
+        pre = model.pre_classifier
+        return lambda states: classifier(torch.relu(pre(states[:, 0])))
+    pooler = getattr(getattr(model, model.base_model_prefix, None), "pooler", None)
+    if kind == "bert" and pooler is not None:
+        return lambda states: classifier(pooler(states))
+    if kind in ("roberta", "xlm-roberta", "camembert"):
+        return lambda states: classifier(states)  # these heads take the CLS state themselves
+    raise UnsupportedOperation(f"no classifier head for model type '{kind}' outside the torch engine")
+
+
 @dataclass(frozen=True)
 class SequenceBatch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    token_type_ids: torch.Tensor | None
+    inputs: EncoderBatch
 
 
 def _activation_name(config: dict[str, Any]) -> str:
@@ -58,18 +78,26 @@ def _sigmoid(value: float) -> float:
 class SequenceClassifier(TextEncoder):
     """Shared by the reranker and the classifier: loading, pair tokenizing, padding, the forward."""
 
+    task: Task = "sequence-classification"
+
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         super().__init__(layout, trust_remote_code)
         self.uses_type_ids = False
         self.decoder = False
+        self.head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def load(self, options: LoadOptions) -> None:
-        from transformers import AutoModelForSequenceClassification
-
-        self.load_model(options, AutoModelForSequenceClassification)
+        self.load_model(options)
         assert self.tokenizer is not None
+        assert self.engine is not None
         self.uses_type_ids = "token_type_ids" in self.tokenizer.tokenizer.model_input_names
-        self.decoder = not hasattr(self.model, "classifier") and hasattr(self.model, "score")
+        self.decoder = bool(getattr(self.engine, "decoder", False))
+        if not self.engine.carries_head(self.task):
+            self.head = classifier_head(self.layout.transformer_dir, self.config)
+
+    def unload(self) -> None:
+        self.head = None
+        super().unload()
 
     def encode_texts(
         self, first: Sequence[str], second: Sequence[str] | None, truncate: Sequence[bool]
@@ -141,21 +169,17 @@ class SequenceClassifier(TextEncoder):
         padded = self.tokenizer.pad([p.data.ids for p in items])
         types = pad([p.data.type_ids for p in items], 0, left=padded.left).input_ids
         return SequenceBatch(
-            torch.from_numpy(padded.input_ids).to(self.device),
-            torch.from_numpy(padded.attention_mask).to(self.device),
-            torch.from_numpy(types).to(self.device) if self.uses_type_ids else None,
+            EncoderBatch(padded.input_ids, padded.attention_mask, types if self.uses_type_ids else None)
         )
 
     def forward(self, batch: SequenceBatch) -> torch.Tensor:
+        output = self.run(batch.inputs)
         with torch.inference_mode():
-            if self.decoder:
-                base = getattr(self.model, self.model.base_model_prefix)
-                states = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-                last = pool(states, batch.attention_mask, batch.attention_mask, "lasttoken")
-                logits = self.model.score(last.to(self.dtype))
+            if output.logits is not None:
+                logits = torch.as_tensor(output.logits)
             else:
-                extra = {} if batch.token_type_ids is None else {"token_type_ids": batch.token_type_ids}
-                logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **extra).logits
+                assert self.head is not None, "This is a bug: the engine returned no logits and no head is loaded"
+                logits = self.head(self.states(output))
             result: torch.Tensor = logits.float().cpu()
             return result
 
@@ -168,9 +192,9 @@ class RerankerAdapter(SequenceClassifier):
 
     def load(self, options: LoadOptions) -> None:
         super().load(options)
-        if int(self.model.config.num_labels) != 1:
+        if int(self.config.num_labels) != 1:
             raise UnsupportedOperation(
-                f"a reranker needs one output label, this model has {self.model.config.num_labels}; "
+                f"a reranker needs one output label, this model has {self.config.num_labels}; "
                 "serve it with kind: classifier"
             )
         self.activation = _activation_name(self.layout.config)
@@ -193,7 +217,7 @@ class RerankerAdapter(SequenceClassifier):
             results.append(Score(value, logit=logit))
         return results
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {"activation": self.activation, "decoder": self.decoder}
 
 
@@ -205,8 +229,8 @@ class ClassifierAdapter(SequenceClassifier):
 
     def load(self, options: LoadOptions) -> None:
         super().load(options)
-        mapping = self.model.config.id2label or {}
-        count = int(self.model.config.num_labels)
+        mapping = self.config.id2label or {}
+        count = int(self.config.num_labels)
         self.labels = tuple(str(mapping.get(i, mapping.get(str(i), f"LABEL_{i}"))) for i in range(count))
 
     def prepare(self, items: Sequence[Item]) -> list[Prepared]:
@@ -222,5 +246,5 @@ class ClassifierAdapter(SequenceClassifier):
         array = np.ascontiguousarray(output.numpy(), dtype=np.float32)
         return [Labels(row, self.labels) for row in array]
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {"labels": list(self.labels), "decoder": self.decoder}

@@ -17,6 +17,7 @@ import torch
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextBatch, TextEncoder
 from model_registry.adapters.items import embed_item
+from model_registry.backends.base import Task
 from model_registry.detect import Layout, read_json
 from model_registry.errors import ConfigError
 from model_registry.types import Capability, Embedding, Item, Kind, Output, Prepared, Result, SparseVector
@@ -58,10 +59,10 @@ class SpladeAdapter(TextEncoder):
         if self.strategy not in ("max", "sum"):
             raise ConfigError(f"SpladePooling pooling_strategy '{self.strategy}' is not supported; use max or sum")
 
-    def load(self, options: LoadOptions) -> None:
-        from transformers import AutoModelForMaskedLM
+    task: Task = "masked-lm"
 
-        self.load_model(options, AutoModelForMaskedLM)
+    def load(self, options: LoadOptions) -> None:
+        self.load_model(options)
         assert self.tokenizer is not None
         self.dimensions = self.tokenizer.vocab_size
         self._footprint += options.max_batch_tokens * self.dimensions * 4  # the float32 vocabulary logits
@@ -75,9 +76,11 @@ class SpladeAdapter(TextEncoder):
         return self.text_batch(items)
 
     def forward(self, batch: TextBatch) -> torch.Tensor:
+        output = self.run(batch.inputs)
         with torch.inference_mode():
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            pooled: torch.Tensor = splade_pool(logits, batch.attention_mask, self.strategy).cpu()
+            logits = torch.as_tensor(output.logits)
+            mask = batch.attention_mask.to(logits.device)
+            pooled: torch.Tensor = splade_pool(logits, mask, self.strategy).cpu()
             return pooled
 
     def postprocess(self, batch: TextBatch, output: torch.Tensor) -> list[Result]:
@@ -91,5 +94,5 @@ class SpladeAdapter(TextEncoder):
             results.append(Embedding(sparse=vector))
         return results
 
-    def describe(self) -> dict[str, Any]:
+    def family_facts(self) -> dict[str, Any]:
         return {"pooling": self.strategy, "top_k": self.top_k, "threshold": self.threshold}

@@ -6,12 +6,14 @@ torch is imported here and in adapters that run on it, never by `import model_re
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
+from model_registry.backends.threads import compute_slot, cores
 from model_registry.errors import ModelUnavailable
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -45,9 +47,7 @@ def configure_threads(threads: int | None) -> None:
     with _threads_lock:
         if _threads_set:
             return
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        count = threads or cores
-        torch.set_num_threads(max(1, int(count or 1)))
+        torch.set_num_threads(max(1, threads or cores()))
         # Already set, or parallel work already started: keep torch's choice.
         with contextlib.suppress(RuntimeError):
             torch.set_num_interop_threads(1)
@@ -73,3 +73,83 @@ def activation_estimate(config: Any, max_batch_tokens: int, max_length: int | No
     per_token = (6 * hidden + 2 * intermediate) * width
     attention = heads * min(length, max_batch_tokens) * width * 2
     return max_batch_tokens * (per_token + attention)
+
+
+_AUTO_CLASSES = {
+    "feature-extraction": "AutoModel",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "masked-lm": "AutoModelForMaskedLM",
+}
+
+
+class TorchEngine(Engine):
+    """Eager transformers on torch: the reference every other engine is checked against.
+
+    It carries every head transformers has, including decoder rerankers, which it scores on the
+    last real token found from the attention mask (so neither a missing pad token nor one equal to
+    end-of-text changes the result)."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.config: Any = None
+        self.task: Task = "feature-extraction"
+        self.torch_dtype = torch.float32
+        self.decoder = False
+
+    def load(self, directory: Path, options: EngineOptions) -> None:
+        import transformers
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        if options.quantize != "none":
+            raise ModelUnavailable(
+                f"the torch engine does not quantize (quantize: {options.quantize}); "
+                "use backend: onnx or backend: ctranslate2 for int8"
+            )
+        self.device = resolve_device(options.device)
+        self.torch_dtype = resolve_dtype(options.dtype, self.device)
+        self.dtype = str(self.torch_dtype).removeprefix("torch.")
+        configure_threads(options.threads)
+        self.task = options.task
+        auto_class = getattr(transformers, _AUTO_CLASSES[options.task])
+        model = auto_class.from_pretrained(
+            str(directory), dtype=self.torch_dtype, trust_remote_code=options.trust_remote_code
+        )
+        self.model = model.to(self.device).eval()
+        self.config = self.model.config
+        self.decoder = not hasattr(self.model, "classifier") and hasattr(self.model, "score")
+
+    def run(self, batch: EncoderBatch) -> EncoderOutput:
+        ids = torch.from_numpy(batch.input_ids).to(self.device)
+        mask = torch.from_numpy(batch.attention_mask).to(self.device)
+        extra = {}
+        if batch.token_type_ids is not None:
+            extra["token_type_ids"] = torch.from_numpy(batch.token_type_ids).to(self.device)
+        with compute_slot(self.device), torch.inference_mode():
+            if self.task == "feature-extraction":
+                return EncoderOutput(hidden=self.model(input_ids=ids, attention_mask=mask, **extra)[0])
+            if self.task == "sequence-classification" and self.decoder:
+                return EncoderOutput(logits=self._decoder_logits(ids, mask))
+            return EncoderOutput(logits=self.model(input_ids=ids, attention_mask=mask, **extra).logits)
+
+    def _decoder_logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        base = getattr(self.model, self.model.base_model_prefix)
+        states = base(input_ids=ids, attention_mask=mask).last_hidden_state
+        length = mask.shape[1]
+        values, from_end = mask.flip(1).max(dim=1)
+        last = length - 1 - torch.where(values == 0, length - 1, from_end)
+        picked = states[torch.arange(states.shape[0], device=states.device), last]
+        picked = picked * values.unsqueeze(-1).to(picked.dtype)
+        logits: torch.Tensor = self.model.score(picked)
+        return logits
+
+    def footprint(self) -> int:
+        return module_bytes(self.model) if self.model is not None else 0
+
+    def release(self) -> None:
+        self.model = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "torch", "decoder": self.decoder}

@@ -1,0 +1,95 @@
+"""The engine contract: one transformer forward pass, whatever runs it.
+
+An engine is what an adapter's `forward` calls. It loads one model directory with device, dtype
+and quantization options, runs a padded batch of token ids and returns the outputs the adapter
+needs; tokenizing, pooling, normalising and every head the engine does not carry (SPLADE's
+log-saturation, ColBERT's projection, BGE-M3's heads, classifier heads on CTranslate2) stay in the
+adapter, written once for all engines.
+
+This module is a leaf: it imports only the standard library and numpy, so that every engine
+(torch, ONNX Runtime, CTranslate2) depends on it alone and adapters depend on engines, never the
+reverse.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+#: What the forward pass returns: the encoder's last hidden state, a sequence classifier's logits,
+#: or a masked-LM's vocabulary logits.
+Task = Literal["feature-extraction", "sequence-classification", "masked-lm"]
+BACKENDS = ("torch", "onnx", "ctranslate2")
+QUANTIZE = ("none", "int8")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """How to load: `device` and `dtype` as configured ('auto' allowed), `quantize` none|int8,
+    `threads` for the intra-op pool (None: every core), `cache_dir` for converted artifacts."""
+
+    task: Task = "feature-extraction"
+    device: str = "auto"
+    dtype: str = "auto"
+    quantize: str = "none"
+    threads: int | None = None
+    cache_dir: str | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class EncoderBatch:
+    """A padded batch: (batch, tokens) int64 arrays; `token_type_ids` only where the model has them."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    token_type_ids: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    """`hidden`: (batch, tokens, hidden) last hidden state; `logits`: (batch, labels) or
+    (batch, tokens, vocab) for the task's head when the engine carries it, else None.
+
+    Arrays are numpy on CPU, or torch tensors on the model's device for the torch engine;
+    `torch.as_tensor` takes either without a copy."""
+
+    hidden: Any = None
+    logits: Any = None
+
+
+class Engine(abc.ABC):
+    """One loaded transformer. Synchronous; one `run` at a time per engine (the worker's forward)."""
+
+    name: ClassVar[str]
+    #: The device and dtype actually used, after 'auto' was resolved.
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    @abc.abstractmethod
+    def load(self, directory: Path, options: EngineOptions) -> None:
+        """Read (or convert, once, into the cache) the model in `directory`."""
+
+    @abc.abstractmethod
+    def run(self, batch: EncoderBatch) -> EncoderOutput:
+        """The forward pass on one padded batch; rows are independent of each other."""
+
+    @abc.abstractmethod
+    def footprint(self) -> int:
+        """Bytes the loaded weights hold (measured, not read from the file sizes)."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Drop every reference to the weights and sessions so that memory can come back."""
+
+    def carries_head(self, task: Task) -> bool:
+        """Whether `run` returns `logits` for `task` (else the adapter applies its own head)."""
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for `/models`: artifact, providers, compute type..."""
+        return {}

@@ -1,0 +1,151 @@
+"""The CTranslate2 engine: BERT-family encoders converted once into the engine cache.
+
+CTranslate2 returns the encoder's last hidden state (and BERT's pooler output); pooling and every
+head, classifier heads included, run in the adapter. Compute types: float32 and int8 on CPU,
+float16 and int8_float16 on CUDA (dtype `int8_float16`, or `float16` with `quantize: int8`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import ctranslate2
+import numpy as np
+import psutil
+
+from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
+from model_registry.backends.cache import artifact_key, cached, invalidate, writable_root
+from model_registry.backends.threads import compute_slot, intra_op_threads
+from model_registry.errors import ModelUnavailable
+
+log = logging.getLogger(__name__)
+
+RECIPE = "ct2-transformers-converter:1"
+
+
+def compute_type(device: str, dtype: str, quantize: str) -> str:
+    """The CTranslate2 compute type for the configured dtype and quantization on `device`."""
+    cuda = device == "cuda"
+    if dtype == "int8_float16" or (cuda and quantize == "int8"):
+        if not cuda:
+            raise ModelUnavailable("compute type int8_float16 needs a CUDA device; use quantize: int8 on CPU")
+        return "int8_float16"
+    if quantize == "int8":
+        return "int8"
+    if dtype == "float16" or (dtype == "auto" and cuda):
+        if not cuda:
+            raise ModelUnavailable("dtype float16 on the ctranslate2 backend needs a CUDA device")
+        return "float16"
+    return "float32"
+
+
+def convert(directory: Path, staging: Path, trust_remote_code: bool) -> None:
+    """CTranslate2's own converter; weights are stored in float32 and quantized at load time."""
+    log.info("converting %s to CTranslate2 (once; later loads read the cache)", directory)
+    source = _with_converter_defaults(directory, staging / "source")
+    try:
+        converter = ctranslate2.converters.TransformersConverter(str(source), trust_remote_code=trust_remote_code)
+        converter.convert(str(staging / "model"), force=True)
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
+
+
+def _with_converter_defaults(directory: Path, view: Path) -> Path:
+    """A view of `directory` (links to its files) whose config.json has the keys the converter
+    reads but transformers 5 no longer writes (`position_embedding_type`, absolute by default)."""
+    view.mkdir()
+    for path in directory.iterdir():
+        if path.name != "config.json":
+            (view / path.name).symlink_to(path.resolve())
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    config.setdefault("position_embedding_type", "absolute")
+    (view / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return view
+
+
+class Ct2Engine(Engine):
+    name = "ctranslate2"
+
+    def __init__(self) -> None:
+        self.encoder: Any = None
+        self.path: Path | None = None
+        self.task: Task = "feature-extraction"
+        self._bytes = 0
+
+    def load(self, directory: Path, options: EngineOptions) -> None:
+        cuda_count = ctranslate2.get_cuda_device_count()
+        requested = options.device
+        device = "cuda" if requested.startswith("cuda") or (requested == "auto" and cuda_count) else "cpu"
+        if device == "cuda" and not cuda_count:
+            raise ModelUnavailable(f"device '{requested}' was asked for, but CTranslate2 sees no CUDA device")
+        index = int(requested.partition(":")[2] or 0) if device == "cuda" else 0
+        self.device = f"cuda:{index}" if device == "cuda" else "cpu"
+        self.dtype = compute_type(device, options.dtype, options.quantize)
+        self.task = options.task
+        versions = {"ctranslate2": ctranslate2.__version__, "transformers": importlib.metadata.version("transformers")}
+        key = artifact_key(directory, versions, {"recipe": RECIPE})
+        root = writable_root(options.cache_dir)
+
+        def build(staging: Path) -> None:
+            convert(directory, staging, options.trust_remote_code)
+
+        artifact = cached(root, "ctranslate2", key, build, meta={"source": str(directory), **versions})
+        self.path = artifact / "model"
+        before = psutil.Process().memory_info().rss  # after the conversion: only what loading adds
+        try:
+            self.encoder = self._open(device, index, options)
+        except (RuntimeError, ValueError) as error:
+            log.warning("the cached CTranslate2 model %s failed to load (%s); rebuilding it", self.path, error)
+            invalidate(artifact)
+            artifact = cached(root, "ctranslate2", key, build, meta={"source": str(directory), **versions})
+            self.encoder = self._open(device, index, options)
+        weights = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+        self._bytes = max(
+            psutil.Process().memory_info().rss - before, weights // 4 if self.dtype.startswith("int8") else weights
+        )
+
+    def _open(self, device: str, index: int, options: EngineOptions) -> Any:
+        return ctranslate2.Encoder(
+            str(self.path),
+            device=device,
+            device_index=index,
+            compute_type=self.dtype,
+            intra_threads=intra_op_threads(options.threads),
+            inter_threads=1,
+        )
+
+    def carries_head(self, task: Task) -> bool:
+        return task == "feature-extraction"
+
+    def run(self, batch: EncoderBatch) -> EncoderOutput:
+        assert self.encoder is not None, "This is a bug: run() called before load()"
+        mask = batch.attention_mask
+        if mask.shape[1] and not bool(mask[:, 0].all()):
+            raise ModelUnavailable("the ctranslate2 backend needs right-padded batches; this tokenizer pads left")
+        ids = ctranslate2.StorageView.from_array(np.ascontiguousarray(batch.input_ids, dtype=np.int32))
+        lengths = ctranslate2.StorageView.from_array(mask.sum(axis=1).astype(np.int32))
+        types = None
+        if batch.token_type_ids is not None:
+            types = ctranslate2.StorageView.from_array(np.ascontiguousarray(batch.token_type_ids, dtype=np.int32))
+        with compute_slot(self.device):
+            output = self.encoder.forward_batch(ids, lengths, token_type_ids=types)
+        states = output.last_hidden_state
+        if self.device != "cpu":
+            states = states.to_device(ctranslate2.Device.cpu)
+        return EncoderOutput(hidden=np.asarray(states, dtype=np.float32))
+
+    def footprint(self) -> int:
+        return self._bytes if self.encoder is not None else 0
+
+    def release(self) -> None:
+        if self.encoder is not None:
+            self.encoder.unload_model()
+        self.encoder = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"artifact": str(self.path), "compute_type": self.dtype}

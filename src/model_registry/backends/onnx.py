@@ -1,0 +1,151 @@
+"""The ONNX Runtime engine: the model's own ONNX files, or an export cached on disk.
+
+Where the model directory has the common `onnx/model.onnx` layout (and, for int8, one of its
+quantized variants) those files run as they are. Otherwise the model is exported once with torch's
+dynamo exporter, optimized with onnxruntime's transformer fusions and, for `quantize: int8`,
+dynamically quantized (see `onnx_build`), into the engine cache. On CUDA the graph is converted
+to float16 and runs on the CUDA execution provider with IO binding.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import psutil
+
+from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
+from model_registry.backends.cache import invalidate
+from model_registry.backends.onnx_build import OUTPUT, artifact_for
+from model_registry.backends.threads import compute_slot, intra_op_threads
+from model_registry.errors import ModelUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Quantized variants of `onnx/model.onnx` as hubs publish them, most portable first.
+_OWN_INT8 = ("model_quantized.onnx", "model_int8.onnx", "model_qint8_avx2.onnx", "model_qint8_avx512_vnni.onnx")
+
+
+def own_file(directory: Path, task: Task, quantize: str, fp16: bool) -> Path | None:
+    """The directory's own ONNX file for these options, if it has one with the right output."""
+    onnx_dir = directory / "onnx"
+    names = _OWN_INT8 if quantize == "int8" else ("model_fp16.onnx",) if fp16 else ("model.onnx",)
+    for name in names:
+        path = onnx_dir / name
+        if path.is_file() and _has_output(path, OUTPUT[task]):
+            return path
+    return None
+
+
+def _has_output(path: Path, output: str) -> bool:
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception:
+        log.warning("the ONNX file %s cannot be read; exporting the model instead", path)
+        return False
+    return output in {o.name for o in session.get_outputs()}
+
+
+def resolve_device(requested: str) -> str:
+    cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    if requested == "auto":
+        return "cuda:0" if cuda else "cpu"
+    if requested.startswith("cuda") and not cuda:
+        raise ModelUnavailable(
+            f"device '{requested}' needs onnxruntime's CUDA provider; pip install 'infinity-server[onnx-gpu]'"
+        )
+    if requested not in ("cpu",) and not requested.startswith("cuda"):
+        raise ModelUnavailable(f"the onnx backend runs on cpu or cuda, not '{requested}'")
+    return requested if ":" in requested or requested == "cpu" else "cuda:0"
+
+
+class OnnxEngine(Engine):
+    name = "onnx"
+
+    def __init__(self) -> None:
+        self.session: ort.InferenceSession | None = None
+        self.path: Path | None = None
+        self.own = False
+        self.inputs: frozenset[str] = frozenset()
+        self.output = "last_hidden_state"
+        self.task: Task = "feature-extraction"
+        self._bytes = 0
+
+    def load(self, directory: Path, options: EngineOptions) -> None:
+        self.device = resolve_device(options.device)
+        cuda = self.device.startswith("cuda")
+        if options.dtype == "float16" and not cuda:
+            raise ModelUnavailable("dtype float16 on the onnx backend needs a CUDA device; use float32 on CPU")
+        fp16 = cuda and options.dtype in ("auto", "float16") and options.quantize == "none"
+        if options.quantize == "int8" and cuda:
+            raise ModelUnavailable("quantize: int8 on the onnx backend is CPU only; use dtype float16 on CUDA")
+        self.dtype = "int8" if options.quantize == "int8" else "float16" if fp16 else "float32"
+        self.task, self.output = options.task, OUTPUT[options.task]
+        own = own_file(directory, options.task, options.quantize, fp16)
+        if own is not None:
+            self.path, self.own = own, True
+            before = psutil.Process().memory_info().rss
+            self.session = self._session(own, options)
+        else:
+            self.path = artifact_for(directory, options, fp16) / "model.onnx"
+            before = psutil.Process().memory_info().rss  # after the export: only what loading adds
+            try:
+                self.session = self._session(self.path, options)
+            except Exception as error:
+                log.warning("the cached ONNX model %s failed to load (%s); rebuilding it", self.path, error)
+                invalidate(self.path.parent)
+                self.path = artifact_for(directory, options, fp16) / "model.onnx"
+                self.session = self._session(self.path, options)
+        grown = psutil.Process().memory_info().rss - before
+        self._bytes = max(grown, self.path.stat().st_size)
+        self.inputs = frozenset(i.name for i in self.session.get_inputs())
+
+    def _session(self, path: Path, options: EngineOptions) -> ort.InferenceSession:
+        settings = ort.SessionOptions()
+        settings.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        settings.intra_op_num_threads = intra_op_threads(options.threads)
+        settings.inter_op_num_threads = 1
+        settings.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        settings.log_severity_level = 3
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if self.device.startswith("cuda"):
+            index = int(self.device.partition(":")[2] or 0)
+            providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+        return ort.InferenceSession(str(path), settings, providers=providers)
+
+    def run(self, batch: EncoderBatch) -> EncoderOutput:
+        assert self.session is not None, "This is a bug: run() called before load()"
+        feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        if "token_type_ids" in self.inputs:
+            types = batch.token_type_ids
+            feeds["token_type_ids"] = types if types is not None else np.zeros_like(batch.input_ids)
+        with compute_slot(self.device):
+            result = self._cuda_run(feeds) if self.device.startswith("cuda") else self.session.run([self.output], feeds)
+        array = np.asarray(result[0], dtype=np.float32)
+        if self.output == "last_hidden_state":
+            return EncoderOutput(hidden=array)
+        return EncoderOutput(logits=array)
+
+    def _cuda_run(self, feeds: dict[str, np.ndarray]) -> list[Any]:
+        """IO binding: inputs copied once to the device, the output allocated there by ORT."""
+        assert self.session is not None
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        binding.bind_output(self.output, "cuda", int(self.device.partition(":")[2] or 0))
+        self.session.run_with_iobinding(binding)
+        outputs: list[Any] = binding.copy_outputs_to_cpu()
+        return outputs
+
+    def footprint(self) -> int:
+        return self._bytes if self.session is not None else 0
+
+    def release(self) -> None:
+        self.session = None
+
+    def describe(self) -> dict[str, Any]:
+        providers = self.session.get_providers() if self.session is not None else []
+        return {"artifact": str(self.path), "own_file": self.own, "providers": providers, "precision": self.dtype}

@@ -1,0 +1,78 @@
+"""Exporting a transformers encoder to ONNX with torch's dynamo exporter, then optimizing and
+quantizing the graph with onnxruntime's own tools.
+
+optimum's exporter is not used: optimum-onnx requires transformers < 4.58. `torch.onnx.export(...,
+dynamo=True)` exports BERT-family encoders with torch 2.14 and transformers 5 (last hidden state
+within 2.5e-5 of eager torch on MiniLM).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model_registry.backends.base import Task
+
+log = logging.getLogger(__name__)
+
+_AUTO = {
+    "feature-extraction": "AutoModel",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "masked-lm": "AutoModelForMaskedLM",
+}
+#: Graph output name per task; the engine reads outputs by these names.
+OUTPUT = {"feature-extraction": "last_hidden_state", "sequence-classification": "logits", "masked-lm": "logits"}
+
+
+class _Forward(torch.nn.Module):
+    """The model with positional inputs and one named output, as the exporter wants it."""
+
+    def __init__(self, model: Any, task: Task, type_ids: bool) -> None:
+        super().__init__()
+        self.model, self.task, self.type_ids = model, task, type_ids
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        output = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        result: torch.Tensor = output[0] if self.task == "feature-extraction" else output.logits
+        return result
+
+
+def export(directory: Path, task: Task, target: Path, *, trust_remote_code: bool = False) -> list[str]:
+    """Write `target` (model.onnx) for `task`; returns the graph's input names."""
+    import transformers
+
+    started = time.monotonic()
+    log.info("exporting %s to ONNX for %s (once; later loads read the cache)", directory, task)
+    model = getattr(transformers, _AUTO[task]).from_pretrained(
+        str(directory), dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
+    model = model.eval()
+    type_ids = (
+        "token_type_ids" in model.forward.__code__.co_varnames and getattr(model.config, "type_vocab_size", 0) > 1
+    )
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if type_ids else [])
+    sample = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
+    batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens")
+    shapes = {name: {0: batch, 1: tokens} for name in names}
+    with torch.inference_mode(False), torch.no_grad():
+        program = torch.onnx.export(
+            _Forward(model, task, type_ids),
+            sample,
+            dynamo=True,
+            input_names=names,
+            output_names=[OUTPUT[task]],
+            dynamic_shapes=shapes,
+            optimize=True,
+            verbose=False,
+        )
+    assert program is not None, "This is a bug: the dynamo exporter returned no program"
+    program.save(str(target), external_data=False)
+    log.info("exported %s in %.1f s", target, time.monotonic() - started)
+    return names

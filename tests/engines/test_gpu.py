@@ -1,0 +1,48 @@
+"""The CUDA paths: ONNX Runtime's CUDA provider in float16 with IO binding, CTranslate2 in
+float16 and int8_float16. Skipped without a CUDA device (and the onnx-gpu extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.builders.text import tiny_bert
+from tests.engines.helpers import embed_items, load, max_difference, run
+
+pytestmark = pytest.mark.gpu
+
+#: float16 arithmetic against the float32 torch reference, on unit-length vectors.
+HALF_TOLERANCE = 5e-3
+
+
+def cuda_for(backend: str) -> None:
+    if backend == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            pytest.skip("onnxruntime has no CUDA provider here (install the onnx-gpu extra on a GPU machine)")
+    else:
+        ct2 = pytest.importorskip("ctranslate2")
+        if ct2.get_cuda_device_count() == 0:
+            pytest.skip("CTranslate2 sees no CUDA device")
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_bert(tmp_path_factory.mktemp("bert") / "bert")
+
+
+@pytest.mark.parametrize(
+    ("backend", "dtype"), [("onnx", "float16"), ("ctranslate2", "float16"), ("ctranslate2", "int8_float16")]
+)
+def test_cuda_engines_match_torch_in_half_precision(bert: Path, tmp_path: Path, backend: str, dtype: str) -> None:
+    cuda_for(backend)
+    reference = run(load(bert, "torch", tmp_path, device="cpu"), embed_items())
+    adapter = load(bert, backend, tmp_path, device="cuda", dtype=dtype)
+    assert str(getattr(adapter, "device", "")).startswith("cuda")
+    batched = run(adapter, embed_items())
+    tolerance = HALF_TOLERANCE if dtype == "float16" else 5e-2
+    assert max_difference(batched, reference) <= tolerance
+    single = [run(adapter, [item])[0] for item in embed_items()]
+    assert max_difference(single, batched) <= tolerance
+    adapter.unload()
