@@ -26,6 +26,10 @@ from model_registry.types import ClassifyItem, EmbedItem, Item, Media, PairItem,
 CHARS_PER_TOKEN = 3
 #: What one image or clip is priced at when the model does not say (patches or frames).
 MEDIA_COST = 256
+#: The least cost a model admits while it has not measured its rate yet (four batches' worth when
+#: that is more): enough for a burst of ordinary requests at start, small enough to be served in
+#: seconds by any model whose batches are that large.
+COLD_START_COST = 16_384
 #: The class a request gets when it does not ask: bulk work. Raising above it needs permission.
 BULK = 0
 

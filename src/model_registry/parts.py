@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from model_registry import memory
 from model_registry.adapters import Adapter
-from model_registry.admission import Backlog
+from model_registry.admission import COLD_START_COST, Backlog
 from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec, RegistryConfig
 from model_registry.handles import ModelHandle
@@ -37,7 +37,9 @@ def assemble(
     )
     worker = Worker(handle.spec.name, adapter, queue, on_batch=on_batch)
     worker.start()
-    handle.backlog = Backlog(lambda: queue.rate, headroom=config.admission_headroom, probe=4 * tokens)
+    handle.backlog = Backlog(
+        lambda: queue.rate, headroom=config.admission_headroom, probe=max(4 * tokens, COLD_START_COST)
+    )
     handle.stage = PrepareStage(handle.spec.name, adapter, config.prepare_threads)
     handle.adapter, handle.queue, handle.worker = adapter, queue, worker
     handle.state = ModelState.LOADED

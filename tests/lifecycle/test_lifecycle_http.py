@@ -65,7 +65,9 @@ def test_alternating_clients_over_three_models_with_room_for_two(serve: Any) -> 
 
 
 def test_eviction_order_over_http_matches_an_order_fixed_in_advance(serve: Any) -> None:
-    server = serve({"models": [fake_model(n) for n in "abc"], "memory_budget": budget_for(2), "room_wait": 0})
+    server = serve(
+        {"models": [fake_model(n) for n in "abc"], "memory_budget": budget_for(2), "room_wait": 0}, admin_routes=True
+    )
     # Room for two: each load of a third model evicts the one used longest ago.
     uses = "abacbab"
     expected = ["b", "a", "c"]  # c evicts b (a was used after it), b evicts a, a evicts c

@@ -45,7 +45,7 @@ def check_priority(request: Request, asked: int | None) -> None:
     raising above the default needs the `priority` scope or `server.allow_client_priority`."""
     if asked is None:
         return
-    granted = has_scope(request.scope, PRIORITY)
+    granted = has_scope(request.scope, PRIORITY) or request.app.state.settings.server.allow_client_priority
     if registry_of(request).client_priority(asked, granted=granted) != asked:
         raise HTTPError(
             403,
