@@ -80,6 +80,9 @@ def start_server(app: Any) -> LiveServer:
     config.bind = [f"127.0.0.1:{port}"]
     config.accesslog = None
     config.graceful_timeout = 1
+    # Longer than any pause between a test's requests: a client reusing a connection just as the
+    # server's keep-alive timer closes it sees "server disconnected" (a race, not the app's answer).
+    config.keep_alive_timeout = 120
     started = threading.Event()
     holder: dict[str, Any] = {}
 
