@@ -53,3 +53,11 @@ def dialect_server(dialect_models: dict[str, Path]) -> Iterator[LiveServer]:
     live = start_server(create_app(settings))
     yield live
     live.close()
+
+
+def post(server: LiveServer, path: str, body: dict[str, Any]) -> Any:
+    """The JSON answer of a request that must succeed."""
+    with server.client() as client:
+        response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()

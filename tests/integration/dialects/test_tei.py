@@ -13,16 +13,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import LiveServer
-from tests.integration.dialects.conftest import MINILM, TEXTS
+from tests.integration.dialects.conftest import MINILM, TEXTS, post
 
 pytestmark = pytest.mark.integration
-
-
-def post(server: LiveServer, path: str, body: dict[str, Any]) -> Any:
-    with server.client() as client:
-        response = client.post(path, json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def openai_vectors(server: LiveServer, model: str, texts: list[str], **extra: Any) -> np.ndarray:

@@ -10,16 +10,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import LiveServer
-from tests.integration.dialects.conftest import MINILM, TEXTS
+from tests.integration.dialects.conftest import MINILM, TEXTS, post
 
 pytestmark = pytest.mark.integration
-
-
-def post(server: LiveServer, path: str, body: dict[str, Any]) -> Any:
-    with server.client() as client:
-        response = client.post(path, json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def rerank_scores(server: LiveServer, model: str, query: str, documents: list[str]) -> list[float]:
