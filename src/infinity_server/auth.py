@@ -28,6 +28,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from infinity_server.body_limit import answer_unread
 from infinity_server.errors import error_response, shape_of
 from infinity_server.settings import ApiKeySpec, ServerSettings
 from model_registry.config import format_validation_error
@@ -162,7 +163,8 @@ class Authenticate:
         state = scope.setdefault("state", {})
         if needed == ADMIN and not self.keys.admin_routes:
             message = "admin routes are disabled; give a key the 'admin' scope or set server.admin_routes: true"
-            await error_response(404, message, code="admin_disabled", shape=shape_of(scope))(scope, receive, send)
+            response = error_response(404, message, code="admin_disabled", shape=shape_of(scope))
+            await answer_unread(response, scope, receive, send)
             return
         if not self.keys.keys:
             state["scopes"], state["key_name"] = self.keys.anonymous_scopes, None
@@ -173,14 +175,14 @@ class Authenticate:
         if needed is not None and key is None:
             message = "a valid API key is required (Authorization: Bearer ...)"
             headers = {"WWW-Authenticate": "Bearer"}
-            await error_response(401, message, code="bad_key", headers=headers, shape=shape_of(scope))(
-                scope, receive, send
-            )
+            response = error_response(401, message, code="bad_key", headers=headers, shape=shape_of(scope))
+            await answer_unread(response, scope, receive, send)
             return
         scopes = key.scopes if key is not None else frozenset()
         if needed is not None and needed not in scopes:
             message = f"the key '{key.name if key else ''}' lacks the '{needed}' scope this route needs"
-            await error_response(403, message, code="insufficient_scope", shape=shape_of(scope))(scope, receive, send)
+            response = error_response(403, message, code="insufficient_scope", shape=shape_of(scope))
+            await answer_unread(response, scope, receive, send)
             return
         state["scopes"], state["key_name"] = scopes, key.name if key else None
         await self.app(scope, receive, send)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity_server.errors import HTTPError, error_response, shape_of
@@ -58,3 +61,13 @@ class BodyLimit:
         await self._drain(receive, {"type": "http.request", "more_body": True})
         response = error_response(413, self._message(), code="body_too_large", shape=shape_of(scope))
         await response(scope, receive, send)
+
+
+async def answer_unread(response: Response, scope: Scope, receive: Receive, send: Send) -> None:
+    """Send `response` to a request refused before its body was read, after reading and dropping
+    that body (up to `_DRAIN_BYTES`). A request whose body is still unread when its answer ends
+    cannot leave the connection reusable: the server closes it, and a client that sends its next
+    request on it meanwhile sees a disconnect instead of an answer."""
+    with contextlib.suppress(HTTPError):  # past the body limit while dropping it: this answer still stands
+        await BodyLimit._drain(receive, {"type": "http.request", "more_body": True})
+    await response(scope, receive, send)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from infinity_server.body_limit import answer_unread
 from infinity_server.errors import error_response, shape_of
 
 _METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -49,4 +50,5 @@ class JsonContentType:
             f"this route takes a JSON body (Content-Type: application/json), but the request declares {shown}; "
             "file uploads go to the '/upload' routes as multipart/form-data"
         )
-        await error_response(415, message, code="unsupported_media_type", shape=shape_of(scope))(scope, receive, send)
+        response = error_response(415, message, code="unsupported_media_type", shape=shape_of(scope))
+        await answer_unread(response, scope, receive, send)

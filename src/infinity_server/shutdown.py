@@ -17,6 +17,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity_server.api.common import json_response
+from infinity_server.body_limit import answer_unread
 from infinity_server.errors import error_response, shape_of
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class DrainGate:
             else:
                 message = "the server is shutting down; retry the request on another replica"
                 response = error_response(503, message, code="shutting_down", headers=headers, shape=shape_of(scope))
-            await response(scope, receive, send)
+            await answer_unread(response, scope, receive, send)
             return
         await self._serve(scope, receive, send)
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +149,42 @@ def test_raising_priority_needs_the_priority_scope(serve: Any) -> None:
     opened = serve({"models": [FAKE]}, api_keys=keys[:1], allow_client_priority=True)
     with opened.client() as client:
         assert client.post("/v1/embeddings", json={**EMBED, "priority": 5}, headers=bearer("s")).status_code == 200
+
+
+def _exchange(sock: socket.socket, head: bytes, body: bytes, pause: float) -> bytes:
+    """One request on a kept-alive socket, its body sent `pause` seconds after its head; the answer's
+    status line and headers (the bodies here are short JSON, read with them)."""
+    sock.sendall(head)
+    time.sleep(pause)
+    sock.sendall(body)
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(answer):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def _length(answer: bytes) -> int:
+    head = answer.partition(b"\r\n\r\n")[0].lower()
+    line = next((row for row in head.split(b"\r\n") if row.startswith(b"content-length:")), b"content-length: 0")
+    return int(line.split(b":")[1])
+
+
+def test_a_request_refused_before_its_body_arrives_leaves_the_connection_usable(serve: Any) -> None:
+    """401 and 415 are decided from the headers; the body is still read (and dropped) before the
+    answer, so the connection stays usable for the client's next request."""
+    server = serve({"models": [FAKE]}, api_key="secret")
+    body = json.dumps(EMBED).encode()
+
+    def request(key: str, content_type: str) -> bytes:
+        return (
+            f"POST /v1/embeddings HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        assert _exchange(sock, request("nope", "application/json"), body, 0.3).startswith(b"HTTP/1.1 401")
+        assert _exchange(sock, request("secret", "text/plain"), body, 0.3).startswith(b"HTTP/1.1 415")
+        assert _exchange(sock, request("secret", "application/json"), body, 0.0).startswith(b"HTTP/1.1 200")
