@@ -265,6 +265,17 @@ ROUTES = [
     "/v1/embeddings/upload",
     "/v1/rerank/images",
     "/v1/rerank/images/upload",
+    "/v1/embed",
+    "/v2/embed",
+    "/embed",
+    "/predict",
+    "/rerank texts",
+    "/similarity",
+    "/tokenize",
+    "/decode",
+    "/",
+    "/score",
+    "/pooling",
 ]
 TEXTS = [f"{i} " + "a long sentence about the largest request a route accepts " * 40 for i in range(MAX_INPUTS)]
 
@@ -291,6 +302,17 @@ def _largest(route: str, photo: bytes, base: str) -> dict[str, Any]:
         "/v1/embeddings/upload": {"data": {"model": "clip"}, "files": files},
         "/v1/rerank/images": {"json": {"model": "clip", "query": texts[0], "documents": photos}},
         "/v1/rerank/images/upload": {"data": {"model": "clip", "query": texts[0]}, "files": files},
+        "/v1/embed": {"json": {"model": "minilm", "texts": texts, "embedding_types": ["float", "int8", "binary"]}},
+        "/v2/embed": {"json": {"model": "clip", "images": photos, "embedding_types": ["float", "base64"]}},
+        "/embed": {"json": {"model": "minilm", "inputs": texts}},
+        "/predict": {"json": {"model": "classifier", "inputs": [[t] for t in texts]}},
+        "/rerank texts": {"json": {"model": "reranker", "query": texts[0], "texts": texts, "return_text": True}},
+        "/similarity": {"json": {"model": "minilm", "inputs": {"source_sentence": texts[0], "sentences": texts[1:]}}},
+        "/tokenize": {"json": {"model": "minilm", "inputs": texts}},
+        "/decode": {"json": {"model": "minilm", "ids": [[1000 + i for i in range(512)]] * MAX_INPUTS}},
+        "/": {"json": {"model": "minilm", "inputs": texts}},
+        "/score": {"json": {"model": "reranker", "text_1": texts[0], "text_2": texts}},
+        "/pooling": {"json": {"model": "minilm", "input": texts}},
     }
     return bodies[route]
 
