@@ -40,7 +40,9 @@ from infinity_server.schemas.tei import (
 )
 from model_registry import Capability, InvalidInput, Kind, ModelInfo
 
-tei = answers_in(Shape.TEI)
+#: Errors on TEI's own paths are in TEI's shape by `errors.DialectShape` (marked from the path, in
+#: app.py); `/rerank` serves two dialects, so its TEI branch chooses the shape from the body.
+TEI_SHAPED_BODY = answers_in(Shape.TEI)
 
 
 def model_for(request: Request, asked: str | None, family: str) -> str:
@@ -82,7 +84,6 @@ async def _embed_with(request: Request, body: TeiEmbedRequest, family: str, outp
     return await until_disconnected(request, work)
 
 
-@tei
 async def embed(request: Request) -> Response:
     return await _embed_dense(request, await parse_body(request, TeiEmbedRequest))
 
@@ -102,7 +103,6 @@ def _inputs(body: TeiEmbedRequest) -> list[Any]:
     return list(value)
 
 
-@tei
 async def embed_sparse(request: Request) -> Response:
     return await _embed_sparse(request, await parse_body(request, TeiEmbedRequest))
 
@@ -119,7 +119,6 @@ async def _embed_sparse(request: Request, body: TeiEmbedRequest) -> Response:
     return await vectors_response(build, numbers_in(results))
 
 
-@tei
 async def embed_all(request: Request) -> Response:
     body = await parse_body(request, TeiEmbedRequest)
     results = await _embed_with(request, body, "embed_all", "multivector")
@@ -169,7 +168,6 @@ async def predictions(request: Request, body: TeiPredictRequest, family: str = "
     return [[{"score": s, "label": "LABEL_0"}] for s in scored.scores], batch
 
 
-@tei
 async def predict(request: Request) -> Response:
     body = await parse_body(request, TeiPredictRequest)
     rows, batch = await predictions(request, body)
@@ -191,7 +189,7 @@ async def rerank(request: Request) -> Response:
     return await infinity.rerank(request)
 
 
-@tei
+@TEI_SHAPED_BODY
 async def tei_rerank(request: Request) -> Response:
     body = await parse_body(request, TeiRerankRequest)
     model = model_for(request, body.model, "rerank")
@@ -227,7 +225,6 @@ async def similarities(request: Request, body: TeiSimilarityRequest) -> list[flo
     return list((await until_disconnected(request, work)).scores)
 
 
-@tei
 async def similarity(request: Request) -> Response:
     return json_response(await similarities(request, await parse_body(request, TeiSimilarityRequest)))
 
@@ -235,7 +232,6 @@ async def similarity(request: Request) -> Response:
 # ---- tokenize, decode, info -----------------------------------------------------------------------
 
 
-@tei
 async def tokenize(request: Request) -> Response:
     body = await parse_body(request, TeiTokenizeRequest)
     model = model_for(request, body.model, "embed")
@@ -252,7 +248,6 @@ async def tokenize(request: Request) -> Response:
     )
 
 
-@tei
 async def decode(request: Request) -> Response:
     body = await parse_body(request, TeiDecodeRequest)
     model = model_for(request, body.model, "embed")
@@ -275,7 +270,6 @@ def _model_type(info: ModelInfo) -> dict[str, Any]:
     return {"embedding": {"pooling": str(info.extra.get("pooling", info.kind.value))}}
 
 
-@tei
 async def info(request: Request) -> Response:
     registry = registry_of(request)
     model = model_for(request, request.query_params.get("model"), "embed")
@@ -306,7 +300,6 @@ async def info(request: Request) -> Response:
 # ---- POST / ---------------------------------------------------------------------------------------
 
 
-@tei
 async def root(request: Request) -> Response:
     """The Hugging Face Inference API's route: similarity by its input's shape, else by the model's kind.
 
