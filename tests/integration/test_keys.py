@@ -173,18 +173,21 @@ def _length(answer: bytes) -> int:
 
 
 def test_a_request_refused_before_its_body_arrives_leaves_the_connection_usable(serve: Any) -> None:
-    """401 and 415 are decided from the headers; the body is still read (and dropped) before the
-    answer, so the connection stays usable for the client's next request."""
+    """401 and 415 are decided from the headers (the upload route's 415 too: JSON where it takes
+    multipart); the body is still read (and dropped) before the answer, so the connection stays
+    usable for the client's next request."""
     server = serve({"models": [FAKE]}, api_key="secret")
     body = json.dumps(EMBED).encode()
 
-    def request(key: str, content_type: str) -> bytes:
+    def request(key: str, content_type: str, path: str = "/v1/embeddings") -> bytes:
         return (
-            f"POST /v1/embeddings HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {key}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {key}\r\n"
             f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
 
+    upload = request("secret", "application/json", "/v1/embeddings/upload")
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         assert _exchange(sock, request("nope", "application/json"), body, 0.3).startswith(b"HTTP/1.1 401")
         assert _exchange(sock, request("secret", "text/plain"), body, 0.3).startswith(b"HTTP/1.1 415")
+        assert _exchange(sock, upload, body, 0.3).startswith(b"HTTP/1.1 415")
         assert _exchange(sock, request("secret", "application/json"), body, 0.0).startswith(b"HTTP/1.1 200")
