@@ -2,19 +2,30 @@
 in-process (the ceiling), and sentence-transformers `encode`, all in one run.
 
     .venv/bin/python benchmarks/bench_backends.py [--requests-per-client N] [--short-inputs N]
-        [--long-inputs N] [--engines torch,onnx,...] [--json OUT] [--quality-only]
+        [--long-inputs N] [--repeats N] [--encoding-format base64|float] [--engines torch,onnx,...]
+        [--json OUT] [--quality-only] [--report OUT]
 
-For each engine (torch, onnx, onnx int8, ctranslate2, ctranslate2 int8):
-1. the server (`infinity-server serve`, one model, a subprocess) with 4 clients x 256 inputs per
-   request on short STS-benchmark sentences and on long documents (~256 tokens), inputs/s;
-2. the same adapter and engine in this process on the same inputs, tokenized, sorted by length and
-   cut into batches of the server's token budget: the ceiling the server can reach; the ratio
-   server / in-process is the server's overhead;
-3. idle latency: single sentences one at a time over HTTP (p50), against one in-process forward of
-   a single sentence on the same engine.
+For each engine (torch, onnx, onnx int8, ctranslate2, ctranslate2 int8), with the engine loaded in
+this process and served by `infinity-server serve` (one model, a subprocess) at the same time:
+1. throughput, `--repeats` times, in-process and over HTTP alternately so that both see the same
+   machine (on a shared virtual machine one run swings by 10-20%; the medians are reported, every
+   run is kept in `--json`):
+   - over HTTP: 4 clients x 256 short STS-benchmark sentences and 4 x 64 documents of ~256
+     tokens, one request each, inputs/s; the clients ask for base64 vectors and decode them into
+     numpy arrays, as the openai client does by default (`--encoding-format float` for JSON
+     numbers);
+   - in-process: the same adapter and engine on the same inputs, tokenized, sorted by length and
+     cut into batches of the server's token budget: the ceiling the server can reach; the ratio
+     server / in-process is the server's overhead;
+2. idle latency: single sentences one at a time, `IDLE_GAP` apart, over HTTP (p50; with the
+   standard library's keep-alive client, and with httpx's async client), against the engine's own
+   single-sentence prepare + forward + postprocess in-process at the same gap (idle) and back to
+   back (hot). An idle engine's thread pool sleeps between requests and wakes on the next one, so
+   the idle forward is the reference for the server's idle latency.
 sentence-transformers `encode(batch_size=32)` on the same inputs is the naive baseline. Converted
-models are cached (the user's engine cache), so only the first run exports. Record `lscpu`'s model
-and flags and the load average with the figures: int8 speed depends on VNNI/AVX-512.
+models are cached (the user's engine cache), so only the first run exports. The CPU's model and
+vector extensions, the load average and the hypervisor's steal time are printed with the figures:
+int8 speed depends on VNNI/AVX-512.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_embeddings import bulk, long_documents, percentile, send, sentences
+from bench_embeddings import bulk, long_documents, send, sentences
 from serving import free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,72 +58,159 @@ ENGINES = {
 }
 #: The server's default token budget per batch on CPU (lifecycle._CPU_BATCH_TOKENS).
 BATCH_TOKENS = 1024
+#: Seconds between idle single-sentence probes, over HTTP and in-process alike.
+IDLE_GAP = 0.02
 
 
-def over_http(engine: dict[str, Any], work: dict[str, list[list[str]]], probes: list[str]) -> dict[str, float]:
-    port = free_port()
-    model = {"name": MODEL, "source": SOURCE, "device": "cpu", "pin": True, **engine}
-    with tempfile.TemporaryDirectory() as workdir:
-        process = start_server({"models": [model]}, Path(workdir), port, timeout=900)
-        url = f"http://127.0.0.1:{port}"
+class Served:
+    """`infinity-server serve` with one engine, as a subprocess, for the length of a `with`."""
+
+    def __init__(self, engine: dict[str, Any]) -> None:
+        self.engine = engine
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Served:
+        model = {"name": MODEL, "source": SOURCE, "device": "cpu", "pin": True, **self.engine}
+        self._workdir = tempfile.TemporaryDirectory()
+        self.process = start_server({"models": [model]}, Path(self._workdir.name), self.port, timeout=900)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self._workdir.cleanup()
+
+    def warm(self, work: dict[str, list[list[str]]]) -> None:
+        for name, requests in work.items():
+            asyncio.run(bulk(self.url, name, requests[:1]))
+
+    def throughput(self, name: str, requests: list[list[str]], encoding_format: str) -> float:
+        return float(asyncio.run(bulk(self.url, name, requests, encoding_format=encoding_format)).inputs_per_s)
+
+    def idle_httpx(self, probes: list[str]) -> float:
+        """p50 ms of single sentences one at a time (`IDLE_GAP` apart) with httpx's async client."""
+
+        async def run() -> list[float]:
+            import httpx
+
+            latencies = []
+            async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
+                for text in probes:
+                    latencies.append((await send(client, [text]))[0])
+                    await asyncio.sleep(IDLE_GAP)
+            return latencies
+
+        return statistics.median(asyncio.run(run())[3:]) * 1e3
+
+    def idle(self, probes: list[str]) -> float:
+        """The same with the standard library's keep-alive `http.client`: little client-side cost,
+        so the figure is the server's (httpx adds about 2-3 ms a request on this machine)."""
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        latencies = []
         try:
-            figures: dict[str, float] = {}
-            for name, requests in work.items():
-                asyncio.run(bulk(url, name, requests[:1]))  # warm-up
-                run = asyncio.run(bulk(url, name, requests))
-                figures[f"{name}_inputs_per_s"] = run.inputs_per_s
-            figures["idle_p50_ms"] = asyncio.run(idle(url, probes))
-            return figures
+            for text in probes:
+                body = json.dumps({"model": MODEL, "input": [text]}).encode()
+                started = time.perf_counter()
+                connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                if response.status != 200:
+                    raise RuntimeError(f"the server answered {response.status}: {response.read()!r}")
+                json.loads(response.read())
+                latencies.append(time.perf_counter() - started)
+                time.sleep(IDLE_GAP)
         finally:
-            process.terminate()
-            process.wait(timeout=30)
+            connection.close()
+        return statistics.median(latencies[3:]) * 1e3
 
 
-async def idle(url: str, probes: list[str]) -> float:
-    import httpx
+class InProcess:
+    """The same adapter and engine in this process: the ceiling the server can reach."""
 
-    latencies = []
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        for text in probes:
-            latencies.append((await send(client, [text]))[0])
-            await asyncio.sleep(0.02)
-    return percentile(latencies[3:], 50) * 1e3
+    def __init__(self, engine: dict[str, Any]) -> None:
+        from model_registry.adapters import LoadOptions, create_adapter
+        from model_registry.config import ModelSpec
 
+        spec = ModelSpec.model_validate({"name": MODEL, "source": SOURCE, **engine})
+        self.adapter = create_adapter(spec)
+        backend, quantize = engine.get("backend", "torch"), engine.get("quantize", "none")
+        self.options = LoadOptions("cpu", "auto", BATCH_TOKENS, backend=backend, quantize=quantize)
 
-def in_process(engine: dict[str, Any], work: dict[str, list[list[str]]], probes: list[str]) -> dict[str, float]:
-    from model_registry.adapters import LoadOptions, create_adapter
-    from model_registry.config import ModelSpec
-    from model_registry.types import EmbedItem, Text
+    def __enter__(self) -> InProcess:
+        self.adapter.load(self.options)
+        return self
 
-    spec = ModelSpec.model_validate({"name": MODEL, "source": SOURCE, **engine})
-    adapter = create_adapter(spec)
-    backend = engine.get("backend", "torch")
-    options = LoadOptions("cpu", "auto", BATCH_TOKENS, backend=backend, quantize=engine.get("quantize", "none"))
-    adapter.load(options)
-    figures: dict[str, float] = {}
-    for name, requests in work.items():
+    def __exit__(self, *exc: object) -> None:
+        self.adapter.unload()
+
+    def throughput(self, requests: list[list[str]]) -> float:
+        """Every input tokenized, sorted by length and cut into batches of the server's budget."""
+        from model_registry.types import EmbedItem, Text
+
         texts = [t for request in requests for t in request]
         started = time.perf_counter()
-        prepared = adapter.prepare([EmbedItem(Text(t)) for t in texts])
+        prepared = self.adapter.prepare([EmbedItem(Text(t)) for t in texts])
         ordered = sorted(prepared, key=lambda p: p.cost)
         batch: list[Any] = []
         for item in [*ordered, None]:
             if item is None or (batch and (len(batch) + 1) * item.cost > BATCH_TOKENS):
                 if batch:
-                    collated = adapter.collate(batch)
-                    adapter.postprocess(collated, adapter.forward(collated))
+                    collated = self.adapter.collate(batch)
+                    self.adapter.postprocess(collated, self.adapter.forward(collated))
                 batch = []
             if item is not None:
                 batch.append(item)
-        figures[f"{name}_inputs_per_s"] = len(texts) / (time.perf_counter() - started)
-    single = []
-    for text in probes:
-        started = time.perf_counter()
-        collated = adapter.collate(adapter.prepare([EmbedItem(Text(text))]))
-        adapter.postprocess(collated, adapter.forward(collated))
-        single.append(time.perf_counter() - started)
-    figures["single_p50_ms"] = statistics.median(single[3:]) * 1e3
-    adapter.unload()
+        return len(texts) / (time.perf_counter() - started)
+
+    def single(self, probes: list[str], gap: float) -> float:
+        """p50 ms of one sentence through prepare, collate, forward and postprocess, `gap` s apart."""
+        from model_registry.types import EmbedItem, Text
+
+        latencies = []
+        for text in probes:
+            started = time.perf_counter()
+            collated = self.adapter.collate(self.adapter.prepare([EmbedItem(Text(text))]))
+            self.adapter.postprocess(collated, self.adapter.forward(collated))
+            latencies.append(time.perf_counter() - started)
+            time.sleep(gap)
+        return statistics.median(latencies[3:]) * 1e3
+
+
+def steal() -> tuple[int, int]:
+    """(steal, total) CPU ticks since boot (`/proc/stat`): time the hypervisor gave to others."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
+def measure(
+    engine: dict[str, Any], work: dict[str, list[list[str]]], probes: list[str], repeats: int, encoding_format: str
+) -> dict[str, Any]:
+    """In-process and over HTTP alternately, `repeats` times each, so both see the same machine;
+    medians, with every run kept."""
+    runs: dict[str, list[float]] = {}
+    stolen, total = steal()
+    with InProcess(engine) as local, Served(engine) as server:
+        server.warm(work)
+        local.throughput([requests[0][:64] for requests in work.values()])
+        for _ in range(repeats):
+            for name, requests in work.items():
+                runs.setdefault(f"{name}_in_process", []).append(local.throughput(requests))
+                runs.setdefault(f"{name}_server", []).append(server.throughput(name, requests, encoding_format))
+        figures: dict[str, Any] = {
+            "idle_p50_ms": server.idle(probes),
+            "idle_httpx_p50_ms": server.idle_httpx(probes),
+            "single_idle_p50_ms": local.single(probes, IDLE_GAP),
+            "single_hot_p50_ms": local.single(probes, 0.0),
+        }
+    stolen_after, total_after = steal()
+    figures |= {key: statistics.median(values) for key, values in runs.items()}
+    figures["runs"] = runs
+    figures["steal_percent"] = 100 * (stolen_after - stolen) / max(1, total_after - total)
     return figures
 
 
@@ -183,11 +281,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests-per-client", type=int, default=1)
     parser.add_argument("--short-inputs", type=int, default=256, help="inputs per short request")
-    parser.add_argument("--long-inputs", type=int, default=256, help="inputs per long request")
+    parser.add_argument("--long-inputs", type=int, default=64, help="inputs per long request")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each workload, alternating")
+    parser.add_argument("--probes", type=int, default=63, help="single sentences for idle latency")
+    parser.add_argument(
+        "--encoding-format",
+        choices=("base64", "float"),
+        default="base64",
+        help="how the bulk clients ask for vectors (the openai client asks for base64 by default)",
+    )
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--quality-only", action="store_true", help="only the STS-b quality of each engine")
+    parser.add_argument("--report", type=Path, help="print the table of an earlier run's --json and stop")
     args = parser.parse_args()
+    if args.report:
+        print(report(json.loads(args.report.read_text())))
+        return
     rng = random.Random(0)
     short = sentences()
     docs = long_documents(short, 1024, rng)
@@ -196,8 +306,7 @@ def main() -> None:
         "short": [rng.sample(short, args.short_inputs) for _ in range(count)],
         "long": [rng.sample(docs, args.long_inputs) for _ in range(count)],
     }
-    probes = rng.sample(short, 23)
-    results: dict[str, Any] = {"load_average_before": os.getloadavg()}
+    probes = rng.sample(short, args.probes)
     if args.quality_only:
         from sentence_transformers import SentenceTransformer
 
@@ -207,13 +316,15 @@ def main() -> None:
         for name in args.engines.split(","):
             print(name, json.dumps(quality(ENGINES[name], reference)), flush=True)
         return
+    results: dict[str, Any] = {
+        "cpu": cpu(),
+        "encoding_format": args.encoding_format,
+        "load_average_before": os.getloadavg(),
+    }
     results["sentence-transformers"] = sentence_transformers(work)
     print("sentence-transformers", json.dumps(results["sentence-transformers"]), flush=True)
     for name in args.engines.split(","):
-        engine = ENGINES[name]
-        ceiling = in_process(engine, work, probes)
-        served = over_http(engine, work, probes)
-        results[name] = {"server": served, "in_process": ceiling}
+        results[name] = measure(ENGINES[name], work, probes, args.repeats, args.encoding_format)
         print(name, json.dumps(results[name]), flush=True)
     results["load_average_after"] = os.getloadavg()
     print(report(results))
@@ -221,24 +332,52 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=1))
 
 
+def cpu() -> str:
+    """The CPU's model name and the vector extensions int8 speed depends on."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+    return f"{model} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"
+
+
+def paired_ratio(runs: dict[str, list[float]], work: str) -> float:
+    """The median of server / in-process over each repeat's pair of runs (taken one after the
+    other), which a slow drift of the machine during the block moves less than a ratio of medians."""
+    pairs = zip(runs[f"{work}_server"], runs[f"{work}_in_process"], strict=True)
+    return statistics.median(served / local for served, local in pairs)
+
+
 def report(results: dict[str, Any]) -> str:
     st = results["sentence-transformers"]
     lines = [
-        "| engine | short: server | in-process | server/in-process | x s-t | long: server | in-process | "
-        "server/in-process | x s-t | idle p50 (ms) | single forward (ms) |",
-        "|" + "---|" * 11,
+        f"CPU: {results['cpu']}; bulk responses as {results['encoding_format']}",
+        "",
+        "| engine | short: server | in-process | server/in-process (paired) | x s-t | long: server | in-process "
+        "| server/in-process (paired) | x s-t | idle p50 (ms) | httpx idle p50 | single forward idle / hot (ms) "
+        "| steal % |",
+        "|" + "---|" * 13,
     ]
     short, long = st["short_inputs_per_s"], st["long_inputs_per_s"]
-    lines.append(f"| sentence-transformers | | {short:.0f} | | 1.00 | | {long:.1f} | | 1.00 | | |")
+    lines.append(f"| sentence-transformers | | {short:.0f} | | 1.00 | | {long:.1f} | | 1.00 | | | | |")
     for name, value in results.items():
-        if not isinstance(value, dict) or "server" not in value:
+        if not isinstance(value, dict) or "idle_p50_ms" not in value:
             continue
-        s, p = value["server"], value["in_process"]
         cells = []
         for work in ("short", "long"):
-            key = f"{work}_inputs_per_s"
-            cells += [f"{s[key]:.1f}", f"{p[key]:.1f}", f"{s[key] / p[key]:.2f}", f"{s[key] / st[key]:.2f}"]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {s['idle_p50_ms']:.1f} | {p['single_p50_ms']:.1f} |")
+            served, local = value[f"{work}_server"], value[f"{work}_in_process"]
+            cells += [
+                f"{served:.1f}",
+                f"{local:.1f}",
+                f"{paired_ratio(value['runs'], work):.2f}",
+                f"{served / st[f'{work}_inputs_per_s']:.2f}",
+            ]
+        idle = f"{value['idle_p50_ms']:.1f} | {value['idle_httpx_p50_ms']:.1f}"
+        single = f"{value['single_idle_p50_ms']:.1f} / {value['single_hot_p50_ms']:.1f}"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {idle} | {single} | {value['steal_percent']:.1f} |")
     lines.append(f"\nload average before {results['load_average_before']}, after {results['load_average_after']}")
     return "\n".join(lines)
 

@@ -14,10 +14,12 @@ How a batch is chosen, each time the worker asks for one:
    (the one waiting longest) is the head instead. So every request progresses by at least one
    batch per max(`aging`, two batch times) per request ahead of it, and a higher class loses at
    most one batch in `aging` seconds, and never two in a row, to aging.
-3. A window of the head's class and group (up to `window` batches' worth of cost, the head
-   request first, then the others by service level) is sorted by cost and cut into batches that
-   fit `max_batch_tokens` with padding counted; the batch holding the head's oldest item is
-   returned.
+3. A window of the head's class and group (up to `window` batches' worth of cost and at most
+   `WINDOW_ITEMS` items, the head request first, then the others by service level) is sorted by
+   cost and cut into batches that fit `max_batch_tokens` with padding counted; the batch holding
+   the head's oldest item is returned. A wide window pads less: 4 x 256 STS-benchmark sentences
+   cut from windows of 4 batches take 18 batches and 13% padding, from 16 batches 16 and 7% (the
+   padding of one sort over all of them), 12% faster on the bundled MiniLM.
 
 A small request (at most `small_request_items` items) ranks above bulk ones by default, and
 batches never mix priority classes: a single search query waits for the batch in flight, then runs
@@ -42,6 +44,10 @@ from model_registry.timing import BatchTimes
 from model_registry.types import Prepared, Result
 
 _sequence = count()
+
+#: The most items one batch's sort window holds, whatever the budget: bounds the collating
+#: thread's sorting per batch (a few milliseconds of Python) for models with large budgets.
+WINDOW_ITEMS = 4096
 
 
 @dataclass(eq=False)
@@ -168,7 +174,7 @@ class BatchQueue:
         max_items: int,
         batch_cost: Callable[[int, int, int], int],
         small_request_items: int = 8,
-        window: int = 4,
+        window: int = 16,
         aging: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -244,13 +250,14 @@ class BatchQueue:
 
     # ---- the worker's side ---------------------------------------------------------------------
 
-    def next_batch(self, timeout: float | None = None) -> Batch | None:
-        """The next batch, waiting up to `timeout` seconds for work; None on timeout or close."""
+    def next_batch(self, timeout: float | None = None, *, until: Callable[[], bool] | None = None) -> Batch | None:
+        """The next batch, waiting up to `timeout` seconds for work; None on timeout or close, or
+        as soon as `until()` is true when it is checked (at the start, and after each `wake`)."""
         deadline = None if timeout is None else self._clock() + timeout
         batch: Batch | None = None
         with self._cond:
             while True:
-                if self._closed:
+                if self._closed or (until is not None and until()):
                     return None
                 expired = self._purge()
                 if self._pending:
@@ -264,6 +271,11 @@ class BatchQueue:
         for request in expired:
             request.fail(DeadlineExceeded("the request's deadline passed while it waited in the queue"))
         return batch
+
+    def wake(self) -> None:
+        """Wake every thread waiting in `next_batch`, to check its `until` again."""
+        with self._cond:
+            self._cond.notify_all()
 
     def requeue(self, entries: Sequence[Entry]) -> None:
         """Put taken entries back at the front of their requests (order kept). After `close`,
@@ -346,9 +358,11 @@ class BatchQueue:
         window: list[Entry] = []
         budget = self._window * self.max_batch_tokens
         for request in (first, *peers):
-            if budget <= 0:
+            if budget <= 0 or len(window) >= WINDOW_ITEMS:
                 break
             for entry in self._pending[request]:
+                if len(window) >= WINDOW_ITEMS:
+                    break
                 if entry.prepared.group == group:
                     window.append(entry)
                     budget -= entry.prepared.cost

@@ -267,7 +267,7 @@ class Registry:
             reservation = lease.backlog.admit(cost, rank, deadline - time.monotonic())
             try:
                 prepare_start = time.time()
-                prepared = await lease.stage.run(items, deadline - time.monotonic())
+                prepared = await lease.stage.run(items, deadline - time.monotonic(), cost=cost)
                 reservation.reprice(sum(p.cost for p in prepared))
                 request = Request.on_loop(prepared, priority=rank, deadline=deadline)
                 enqueued = time.time()

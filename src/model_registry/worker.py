@@ -1,11 +1,13 @@
 """The per-model worker: collate -> forward -> postprocess, on two supervised threads.
 
-The collator thread takes the next batch from the queue and collates it while the forward thread
-runs the previous one, so exactly one batch is prepared ahead. Before running a prefetched batch
-the forward thread checks it is still the right one: if a request of a higher priority arrived
-meanwhile, or some of its requests were cancelled, the live entries go back to the queue and a
-fresh batch is taken. A failure in any stage fails exactly the requests of that batch with
-`BatchFailed`; the threads keep serving.
+While the forward thread runs a batch, the collator thread takes the next batch from the queue and
+collates it, so exactly one batch is prepared ahead. An idle forward thread takes and collates the
+next batch itself: an idle model's request wakes one thread, not two in turn (each wake of a
+sleeping thread costs a fraction of a millisecond, more on a virtual machine's idle core). Before
+running a prefetched batch the forward thread checks it is still the right one: if a request of a
+higher priority arrived meanwhile, or some of its requests were cancelled, the live entries go
+back to the queue and a fresh batch is taken. A failure in any stage fails exactly the requests of
+that batch with `BatchFailed`; the threads keep serving.
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
 from model_registry.errors import BatchFailed, Cancelled, DeadlineExceeded, ModelUnavailable, RegistryError
 from model_registry.timing import BatchTimes
-from model_registry.types import Item, Prepared
+from model_registry.types import EmbedItem, Item, Media, Prepared
 
 log = logging.getLogger(__name__)
 
 _POLL = 0.05
+
+#: A text request of at most this estimated cost (tokens) is tokenized on the event loop itself:
+#: the hop to a prepare thread and back costs more than its tokenizing (a few hundred
+#: microseconds at most), and it is the whole of an idle query's wait before its forward pass.
+INLINE_COST = 256
 
 T = TypeVar("T")
 
@@ -56,8 +63,13 @@ class PrepareStage:
         self._adapter = adapter
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"{name}-prepare")
 
-    async def run(self, items: Sequence[Item], seconds: float) -> list[Prepared]:
-        """`adapter.prepare(items)` on the model's threads; `DeadlineExceeded` after `seconds`."""
+    async def run(self, items: Sequence[Item], seconds: float, *, cost: int | None = None) -> list[Prepared]:
+        """`adapter.prepare(items)` on the model's threads; `DeadlineExceeded` after `seconds`.
+
+        Text-only work of at most `INLINE_COST` (the request's price, when given) runs on the
+        calling event loop instead: bounded, and cheaper than the two thread hops."""
+        if cost is not None and cost <= INLINE_COST and not any(_is_media(i) for i in items):
+            return self._adapter.prepare(items)
         abandoned = threading.Event()
 
         def job() -> list[Prepared]:
@@ -85,6 +97,10 @@ class PrepareStage:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _is_media(item: Item) -> bool:
+    return isinstance(item, EmbedItem) and isinstance(item.content, Media)
+
+
 def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark an abandoned prepare's error as seen: its caller has its own error already."""
     if not future.cancelled():
@@ -107,6 +123,7 @@ class Worker:
         self._handoff: queue.Queue[tuple[Batch, Any, float]] = queue.Queue(maxsize=1)
         self._slot_free = threading.Event()
         self._slot_free.set()
+        self._running = threading.Event()  # the forward thread holds a batch: prefetch the next
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy = False
@@ -124,6 +141,7 @@ class Worker:
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
+        self._running.set()  # release the collator's wait
         for request in self.batches.close():
             request.fail(ModelUnavailable(f"the model '{self.name}' was unloaded before this request ran"))
         self._slot_free.set()
@@ -153,34 +171,51 @@ class Worker:
                 time.sleep(_POLL)
 
     def _collate_once(self) -> None:
-        if not self._slot_free.wait(_POLL):
+        """Prefetch: while a batch runs, take and collate the next one."""
+        if not self._slot_free.wait(_POLL) or not self._running.wait(_POLL):
             return
-        batch = self.batches.next_batch(timeout=_POLL)
+        batch = self.batches.next_batch(timeout=_POLL, until=lambda: not self._running.is_set())
         if batch is None:
             return
+        collated = self._collate(batch)
+        if collated is None:
+            return
+        self._slot_free.clear()
+        self._handoff.put(collated)
+        self.batches.wake()  # an idle forward thread waits in the queue, not on the handoff
+
+    def _collate(self, batch: Batch) -> tuple[Batch, Any, float] | None:
         started = time.perf_counter()
         try:
             collated = self.adapter.collate([e.prepared for e in batch.entries])
         except Exception as error:
             self._fail(batch, error)
-            return
-        self._slot_free.clear()
-        self._handoff.put((batch, collated, time.perf_counter() - started))
+            return None
+        return batch, collated, time.perf_counter() - started
 
     def _forward_once(self) -> None:
+        prefetched = True
         try:
-            batch, collated, collating = self._handoff.get(timeout=_POLL)
+            taken: tuple[Batch, Any, float] | None = self._handoff.get_nowait()
         except queue.Empty:
+            prefetched = False
+            batch = self.batches.next_batch(timeout=_POLL, until=lambda: not self._handoff.empty())
+            taken = None if batch is None else self._collate(batch)
+        if taken is None:
             return
+        batch, collated, collating = taken
         self.busy = True
+        self._running.set()
         self._slot_free.set()
         try:
-            if not batch.live() or self.batches.outranks(batch):
+            if prefetched and (not batch.live() or self.batches.outranks(batch)):
                 self.batches.requeue(batch.entries)
                 return
             self._run(batch, collated, collating)
         finally:
+            self._running.clear()
             self.busy = False
+            self.batches.wake()  # a collator waiting for work while this ran stops waiting
 
     def _run(self, batch: Batch, collated: Any, collating: float) -> None:
         started, forward_start = time.perf_counter(), time.time()

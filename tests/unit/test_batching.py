@@ -230,3 +230,27 @@ def test_entries_requeued_after_close_fail_at_once_as_unavailable() -> None:
     queue.requeue(batch.entries)
     assert done == [waiting]
     assert isinstance(waiting.error, ModelUnavailable)
+
+
+def test_a_sort_window_holds_at_most_window_items_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A budget of 10,000 would take all 100 one-token items; the window caps what one batch sorts.
+    monkeypatch.setattr("model_registry.batching.WINDOW_ITEMS", 8)
+    queue = make_queue(max_batch_tokens=10_000)
+    queue.put(request([1] * 100))
+    batch = queue.next_batch(timeout=0)
+    assert batch is not None
+    assert [e.prepared.index for e in batch.entries] == list(range(8))
+
+
+def test_the_sort_window_spans_sixteen_batches_so_lengths_group_across_requests() -> None:
+    # The head request (a short item, then 100 long ones) and a request of 50 short items: a window
+    # of 16 batches' worth (1,600) takes both, and the head's short item runs with the other
+    # request's (51 items, no padding); a window of 4 (400) would hold the head request alone and
+    # pad its short item into a batch of tens.
+    queue = make_queue()
+    queue.put(request([1] + [10] * 100))
+    queue.put(request([1] * 50))
+    batch = queue.next_batch(timeout=0)
+    assert batch is not None
+    assert [e.prepared.cost for e in batch.entries] == [1] * 51
+    assert batch.cost == 51

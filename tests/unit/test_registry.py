@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -18,8 +19,10 @@ from model_registry import (
     SyncRegistry,
     UnknownModel,
 )
+from model_registry.adapters import Adapter
 from model_registry.adapters.fake import FakeAdapter, fake_vector
-from model_registry.types import Embedding
+from model_registry.types import Embedding, EmbedItem, Media, Modality, Text
+from model_registry.worker import INLINE_COST, PrepareStage
 
 
 def fake(name: str = "fake", **options: Any) -> dict[str, Any]:
@@ -134,3 +137,30 @@ def test_sync_wrapper_for_scripts() -> None:
         results = registry.embed("fake", ["hello world"])
         assert registry.infos()[0].state.value == "loaded"
     np.testing.assert_array_equal(vectors(results)[0], fake_vector("hello world", 8))
+
+
+class _ThreadRecorder:
+    """An adapter's `prepare` that notes the thread it ran on."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def prepare(self, items: Any) -> list[Any]:
+        self.threads.append(threading.current_thread().name)
+        return list(items)
+
+
+async def test_small_text_requests_are_tokenized_on_the_loop_and_others_on_the_model_threads() -> None:
+    recorder = _ThreadRecorder()
+    stage = PrepareStage("m", cast(Adapter, recorder), threads=1)
+    text, image = EmbedItem(Text("a query")), EmbedItem(Media(Modality.IMAGE, b"\x89PNG"))
+    try:
+        await stage.run([text], 5.0, cost=INLINE_COST)
+        await stage.run([text], 5.0, cost=INLINE_COST + 1)
+        await stage.run([image], 5.0, cost=1)
+        await stage.run([text], 5.0)
+    finally:
+        stage.stop()
+    loop_thread = threading.current_thread().name
+    assert recorder.threads[0] == loop_thread
+    assert all(name.startswith("m-prepare") for name in recorder.threads[1:])

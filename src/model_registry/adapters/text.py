@@ -19,6 +19,28 @@ from model_registry.types import Token
 _UNBOUNDED = 1_000_000
 
 
+def _truncating_copy(tokenizer: Any, max_length: int) -> Any | None:
+    """A copy of the Rust tokenizer behind a fast `tokenizer`, set once to do what
+    `tokenizer(texts, truncation=True, max_length=max_length)` does, or None for a slow one.
+
+    The wrapper's own Python per call (checking and setting truncation, building a
+    `BatchEncoding`) is half of a short text's tokenizing time (MiniLM here: 0.04 ms against
+    0.09 ms for one sentence, 18.4 against 20.1 ms for 256). The copy is never reconfigured after
+    this, so the prepare threads and the event loop share it safely; the wrapper, which sets
+    truncation on its own Rust tokenizer per call, stays for the other calls.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(backend.to_str())
+    copy.no_padding()
+    copy.enable_truncation(max_length, stride=0, strategy="longest_first", direction=tokenizer.truncation_side)
+    copy.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+    return copy
+
+
 @dataclass(frozen=True, slots=True)
 class Tokens:
     """One tokenized item: its ids and how many leading tokens are prompt (for pooling)."""
@@ -56,6 +78,7 @@ class TextTokenizer:
         self.vocab_size = len(self.tokenizer)
         self._special = set(self.tokenizer.all_special_ids)
         self._prompt_lengths: dict[str, int] = {}
+        self._truncating = _truncating_copy(self.tokenizer, self.max_length)
 
     def prompt_length(self, prompt: str) -> int:
         """Tokens of `prompt` as a prefix, without a trailing special token (as sentence-transformers)."""
@@ -84,9 +107,13 @@ class TextTokenizer:
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
         limit = self.max_length
-        encoded: list[list[int]] = self.tokenizer(
-            list(texts), truncation=True, max_length=limit, return_attention_mask=False
-        )["input_ids"]
+        encoded: list[list[int]]
+        if self._truncating is not None:
+            encoded = [e.ids for e in self._truncating.encode_batch(list(texts), add_special_tokens=True)]
+        else:
+            encoded = self.tokenizer(list(texts), truncation=True, max_length=limit, return_attention_mask=False)[
+                "input_ids"
+            ]
         for i in (i for i, side in enumerate(left) if side and len(encoded[i]) >= limit and truncate[i]):
             encoded[i] = self._cut_left(texts[i], keep[i] if i < len(keep) else 0)
         for i, (ids, cut) in enumerate(zip(encoded, truncate, strict=True)):
