@@ -1,10 +1,11 @@
-"""415 for a request body that is not declared as JSON on a JSON route.
+"""415 for a request body that is not of the type its route takes, before the route runs.
 
 Every POST/PUT/PATCH route takes a JSON object except the multipart upload routes (their paths end
-in `/upload`; they check for `multipart/form-data` themselves). A body sent as `text/plain` or as a
-form is refused instead of being parsed as JSON anyway: a client that mislabels its body learns it
-at once, and a browser's "simple" cross-site POST (which cannot set a JSON type without a CORS
-preflight) never reaches a handler. A request with no body at all passes (e.g. admin actions).
+in `/upload`), which take `multipart/form-data`. A body sent as `text/plain` or as a form is
+refused instead of being parsed as JSON anyway: a client that mislabels its body learns it at
+once, and a browser's "simple" cross-site POST (which cannot set a JSON type without a CORS
+preflight) never reaches a handler. A request with no body at all passes a JSON route (e.g. admin
+actions). Either refusal drops the unread body first, so a kept-alive connection stays usable.
 """
 
 from __future__ import annotations
@@ -31,24 +32,31 @@ def _has_body(headers: dict[bytes, bytes]) -> bool:
 
 
 class JsonContentType:
-    """Plain ASGI middleware: JSON routes answer 415 to a body of any other declared type."""
+    """Plain ASGI middleware: JSON routes answer 415 to a body of any other declared type, and the
+    upload routes to anything but multipart/form-data."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in _METHODS or scope["path"].endswith("/upload"):
+        if scope["type"] != "http" or scope["method"] not in _METHODS:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
         declared = headers.get(b"content-type", b"").decode("latin-1")
-        if is_json(declared) or (not declared and not _has_body(headers)):
+        if scope["path"].endswith("/upload"):
+            if declared.startswith("multipart/form-data"):
+                await self.app(scope, receive, send)
+                return
+            message = "this route takes multipart/form-data (e.g. curl -F model=... -F file=@photo.jpg)"
+        elif is_json(declared) or (not declared and not _has_body(headers)):
             await self.app(scope, receive, send)
             return
-        shown = f"'{declared}'" if declared else "no content type"
-        message = (
-            f"this route takes a JSON body (Content-Type: application/json), but the request declares {shown}; "
-            "file uploads go to the '/upload' routes as multipart/form-data"
-        )
+        else:
+            shown = f"'{declared}'" if declared else "no content type"
+            message = (
+                f"this route takes a JSON body (Content-Type: application/json), but the request declares {shown}; "
+                "file uploads go to the '/upload' routes as multipart/form-data"
+            )
         response = error_response(415, message, code="unsupported_media_type", shape=shape_of(scope))
         await answer_unread(response, scope, receive, send)

@@ -74,3 +74,12 @@ def test_is_json() -> None:
     assert is_json("Application/JSON")
     assert not is_json("text/json+plain")
     assert not is_json("")
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain", ""])
+def test_an_upload_route_takes_only_multipart(content_type: str) -> None:
+    response, reached = post("/v1/embeddings/upload", {"content-type": content_type} if content_type else {})
+    assert response.status_code == 415
+    assert response.json()["error"]["code"] == "unsupported_media_type"
+    assert "multipart/form-data" in response.json()["error"]["message"]
+    assert reached == []

@@ -55,16 +55,7 @@ def _infinity_route(modality: Modality) -> Any:
 
 
 async def read_form(request: Request) -> FormData:
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        # Read and drop the body (the body limit bounds it) before refusing: a body left unread
-        # makes the server close the kept-alive connection under the client's next request.
-        async for _ in request.stream():
-            pass
-        raise HTTPError(
-            415,
-            "this route takes multipart/form-data (e.g. curl -F model=... -F file=@photo.jpg)",
-            code="unsupported_media_type",
-        )
+    """The multipart form, bounded (`JsonContentType` has refused any other body type already)."""
     server: ServerSettings = request.app.state.settings.server
     limit = request.app.state.registry.config.max_inputs_per_request
     return await request.form(max_files=limit, max_fields=_MAX_FORM_FIELDS, max_part_size=server.media_max_bytes)
