@@ -174,37 +174,32 @@ def test_a_late_request_joins_at_the_service_level_of_its_class_not_at_zero() ->
     assert order_of(queue, names, 7) == "ACACACA"
 
 
-def test_bulk_work_ages_past_a_steady_stream_of_small_queries() -> None:
+def small_queries_beside_bulk(steps: int, batch_seconds: float) -> str:
+    """One bulk request of 20 batches, then a small query arriving before each of `steps` batches
+    that take `batch_seconds` each (aging after 1 s): the order the batches are taken in."""
     now = [0.0]
     queue = make_queue(max_batch_tokens=10, aging=1.0, clock=lambda: now[0])
     bulk = request([10] * 20, priority=0)
     queue.put(bulk)
     names = {bulk: "B"}
     taken = ""
-    for step in range(12):
-        now[0] = step * 0.25
+    for step in range(steps):
+        now[0] = step * batch_seconds
         small = request([10], priority=1)
         names[small] = "S"
         queue.put(small)
         taken += order_of(queue, names, 1)
+    return taken
+
+
+def test_bulk_work_ages_past_a_steady_stream_of_small_queries() -> None:
     # One aged bulk batch per second of waiting; the small queries run in every other turn.
-    assert taken == "SSSSBSSSBSSS"
+    assert small_queries_beside_bulk(12, 0.25) == "SSSSBSSSBSSS"
 
 
 def test_with_batches_slower_than_the_aging_interval_small_queries_keep_every_other_batch() -> None:
-    now = [0.0]
-    queue = make_queue(max_batch_tokens=10, aging=1.0, clock=lambda: now[0])
-    bulk = request([10] * 20, priority=0)
-    queue.put(bulk)
-    names = {bulk: "B"}
-    taken = ""
-    for step in range(6):
-        now[0] = step * 2.0  # each batch takes two aging intervals
-        small = request([10], priority=1)
-        names[small] = "S"
-        queue.put(small)
-        taken += order_of(queue, names, 1)
-    assert taken == "SBSBSB"
+    # Each batch takes two aging intervals.
+    assert small_queries_beside_bulk(6, 2.0) == "SBSBSB"
 
 
 def test_an_aged_batch_is_not_given_back_when_higher_work_arrives() -> None:
