@@ -10,7 +10,6 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from model_registry import SyncRegistry
-from model_registry.adapters.text import TextTokenizer
 from model_registry.types import Embedding, Result
 from tests.builders.text import CORPUS, tiny_bert, tiny_qwen2
 
@@ -86,15 +85,3 @@ def test_prompt_excluded_from_pooling_matches_sentence_transformers(tmp_path: Pa
         ours = registry.embed("m", TEXTS[:4], prompt_name="query")
     theirs = model.encode(TEXTS[:4], prompt_name="query")
     np.testing.assert_allclose(np.stack([dense(r) for r in ours.items]), theirs, atol=1e-5)
-
-
-def test_the_truncating_tokenizer_copy_matches_the_wrapper_on_every_text(tmp_path: Path) -> None:
-    # The wrapper's own call is the reference: short and over-long texts, empty, accents, and
-    # text spelling a special token.
-    directory = tiny_bert(tmp_path / "bert")
-    tokenizer = TextTokenizer(directory, max_length=16, config=None)
-    texts = ["a cat", "", "the cat sat on the mat " * 20, "Ünïcödé café 日本", "[CLS] a [SEP] b", "  spaced  "]
-    expected = tokenizer.tokenizer(texts, truncation=True, max_length=16, return_attention_mask=False)["input_ids"]
-    assert tokenizer._truncating is not None
-    assert tokenizer.encode(texts, [True] * len(texts)) == expected
-    assert max(len(ids) for ids in expected) == 16

@@ -146,10 +146,9 @@ class ColbertAdapter(TextEncoder):
             self.projection = linear.to(device=self.head_device, dtype=self.head_dtype).eval()
             self.dimensions = int(weight.shape[0])
         self.markers = (self._token_id(self.settings.query_marker), self._token_id(self.settings.doc_marker))
-        hf = self.hf
-        self.skip_ids = frozenset(
-            ids[0] for ids in hf(list(self.settings.skiplist), add_special_tokens=False)["input_ids"] if ids
-        )
+        assert self.tokenizer is not None
+        skiplist = self.tokenizer.ids(list(self.settings.skiplist), special=False, cut=None)
+        self.skip_ids = frozenset(ids[0] for ids in skiplist if ids)
 
     @property
     def hf(self) -> Any:
@@ -172,7 +171,8 @@ class ColbertAdapter(TextEncoder):
             if not isinstance(item.content, Text):
                 raise InvalidInput(f"input {i}: this model embeds text only", param="input")
         texts = [item.prompt + item.content.text for item in embed_items if isinstance(item.content, Text)]
-        encoded = self.hf(texts, add_special_tokens=False)["input_ids"]
+        assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
+        encoded = self.tokenizer.ids(texts, special=False, cut=None)
         prepared = []
         for i, (item, ids) in enumerate(zip(embed_items, encoded, strict=True)):
             tokens = self._query(ids) if item.is_query else self._document(ids)

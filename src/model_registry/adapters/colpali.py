@@ -67,6 +67,10 @@ class ColPaliAdapter(Adapter):
         self.dimensions = int(self.model.config.embedding_dim)
         # Not `max_length`: the warm-up would then build token-id batches, which this model does not take.
         self.query_max_length = self._query_limit()
+        # The tokenizer's wrapper sets padding on its Rust tokenizer at a call that asks for other
+        # settings, which must not race a prepare thread's encoding: every call here asks for the
+        # processor's own (padding to the longest, no truncation), first here, before any thread.
+        self.processor.process_queries([""], return_tensors="pt")
         self._footprint = backend.module_bytes(self.model) * 2
 
     def unload(self) -> None:
@@ -124,7 +128,9 @@ class ColPaliAdapter(Adapter):
 
     def _cut(self, text: str, excess: int) -> str:
         """`text` without its last `excess` tokens."""
-        tokenized = self.processor.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        tokenized = self.processor.tokenizer(
+            text, add_special_tokens=False, return_offsets_mapping=True, padding="longest"
+        )
         offsets = tokenized["offset_mapping"]
         keep = len(offsets) - excess
         return text[: int(offsets[keep - 1][1])] if keep > 0 else ""

@@ -91,6 +91,7 @@ class SequenceClassifier(TextEncoder):
         assert self.tokenizer is not None
         assert self.engine is not None
         self.uses_type_ids = "token_type_ids" in self.tokenizer.tokenizer.model_input_names
+        self.tokenizer.enable_pairs()
         self.decoder = bool(getattr(self.engine, "decoder", False))
         if not self.engine.carries_head(self.task):
             self.head = classifier_head(self.layout.transformer_dir, self.config)
@@ -105,36 +106,23 @@ class SequenceClassifier(TextEncoder):
         """Tokenize texts or pairs; pairs lose tokens from the document, keeping the query whole
         unless the query alone leaves no room, in which case both sides are cut."""
         assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
-        hf, limit = self.tokenizer.tokenizer, self.tokenizer.max_length
+        tokenizer, limit = self.tokenizer, self.tokenizer.max_length
         if second is None:
-            encoded = hf(list(first), truncation=True, max_length=limit, return_token_type_ids=True)
-            single = [
-                Encoded(tuple(i), tuple(t))
-                for i, t in zip(encoded["input_ids"], encoded["token_type_ids"], strict=True)
-            ]
+            single = [Encoded(tuple(e.ids), tuple(e.type_ids)) for e in tokenizer.run(first)]
             self._check_lengths(first, None, truncate, list(single))
             return single
         unique = sorted(set(first))  # a rerank request repeats one query for every document
-        counted = dict(
-            zip(unique, (len(ids) for ids in hf(unique, add_special_tokens=False)["input_ids"]), strict=True)
-        )
+        counted = dict(zip(unique, map(len, tokenizer.ids(unique, special=False, cut=None)), strict=True))
         query_lengths = [counted[q] for q in first]
-        room = limit - hf.num_special_tokens_to_add(pair=True) - 1
+        room = limit - tokenizer.specials(pair=True) - 1
         out: list[Encoded | None] = [None] * len(first)
         for strategy in ("only_second", "longest_first"):
             rows = [i for i, n in enumerate(query_lengths) if (n <= room) == (strategy == "only_second")]
             if not rows:
                 continue
-            encoded = hf(
-                [first[i] for i in rows],
-                [second[i] for i in rows],
-                truncation=strategy,
-                max_length=limit,
-                return_token_type_ids=True,
-                return_overflowing_tokens=False,
-            )
-            for row, ids, types in zip(rows, encoded["input_ids"], encoded["token_type_ids"], strict=True):
-                out[row] = Encoded(tuple(ids), tuple(types))
+            encoded = tokenizer.run([first[i] for i in rows], [second[i] for i in rows], cut=strategy)
+            for row, e in zip(rows, encoded, strict=True):
+                out[row] = Encoded(tuple(e.ids), tuple(e.type_ids))
         self._check_lengths(first, second, truncate, out)
         return [e for e in out if e is not None]
 
@@ -151,8 +139,8 @@ class SequenceClassifier(TextEncoder):
         for i, encoded in enumerate(out):
             if truncate[i] or encoded is None or len(encoded.ids) < limit:
                 continue
-            pair = (first[i],) if second is None else (first[i], second[i])
-            full = len(self.tokenizer.tokenizer(*pair)["input_ids"])
+            pair = None if second is None else [second[i]]
+            full = len(self.tokenizer.run([first[i]], pair, cut=None)[0].ids)
             if full > limit:
                 what = (
                     f"input {i} has {full} tokens"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -19,26 +19,37 @@ from model_registry.types import Token
 _UNBOUNDED = 1_000_000
 
 
-def _truncating_copy(tokenizer: Any, max_length: int) -> Any | None:
-    """A copy of the Rust tokenizer behind a fast `tokenizer`, set once to do what
-    `tokenizer(texts, truncation=True, max_length=max_length)` does, or None for a slow one.
+def _fixed_copy(tokenizer: Any, max_length: int | None, strategy: str = "longest_first") -> Any:
+    """A copy of the Rust tokenizer behind the fast `tokenizer`, set once to cut at `max_length`
+    with `strategy` (or never to cut, with None) and never reconfigured.
 
-    The wrapper's own Python per call (checking and setting truncation, building a
-    `BatchEncoding`) is half of a short text's tokenizing time (MiniLM here: 0.04 ms against
-    0.09 ms for one sentence, 18.4 against 20.1 ms for 256). The copy is never reconfigured after
-    this, so the prepare threads and the event loop share it safely; the wrapper, which sets
-    truncation on its own Rust tokenizer per call, stays for the other calls.
+    The wrapper's `__call__` sets truncation and padding on its one Rust tokenizer at each call
+    that asks for different ones, so two threads calling it with different settings get each
+    other's (a text that should be cut comes back whole), or a "RuntimeError: Already borrowed"
+    when one reconfigures it while the other encodes. The prepare threads and the event loop
+    tokenize at once, so every encoding goes through copies that nothing reconfigures. They also
+    skip the wrapper's own Python per call, which is half of a short text's tokenizing time
+    (MiniLM here: 0.04 ms against 0.09 ms for one sentence, 18.4 against 20.1 ms for 256).
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
     from tokenizers import Tokenizer
 
-    copy = Tokenizer.from_str(backend.to_str())
+    copy = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     copy.no_padding()
-    copy.enable_truncation(max_length, stride=0, strategy="longest_first", direction=tokenizer.truncation_side)
+    if max_length is None:
+        copy.no_truncation()
+    else:
+        copy.enable_truncation(max_length, stride=0, strategy=strategy, direction=tokenizer.truncation_side)
     copy.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
     return copy
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One encoded text or pair from a slow tokenizer, shaped as the Rust `Encoding`."""
+
+    ids: list[int]
+    type_ids: list[int]
+    offsets: list[tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +68,13 @@ class Padded:
 
 
 class TextTokenizer:
-    """A Hugging Face fast tokenizer with the model's length limit and padding side."""
+    """A Hugging Face tokenizer with the model's length limit and padding side, safe to share
+    between threads.
+
+    The wrapper (`tokenizer`) answers read-only questions (special ids, vocabulary, decoding);
+    a fast tokenizer's encodings come from Rust copies fixed at load (see `_fixed_copy`), a
+    slow one's from the wrapper, which keeps no state between calls.
+    """
 
     def __init__(self, directory: Path, *, max_length: int | None, config: Any, do_lower_case: bool = False) -> None:
         from transformers import AutoTokenizer
@@ -78,12 +95,66 @@ class TextTokenizer:
         self.vocab_size = len(self.tokenizer)
         self._special = set(self.tokenizer.all_special_ids)
         self._prompt_lengths: dict[str, int] = {}
-        self._truncating = _truncating_copy(self.tokenizer, self.max_length)
+        self._fixed: dict[str | None, Any] = {}
+        if getattr(self.tokenizer, "backend_tokenizer", None) is not None:
+            self._fixed = {
+                None: _fixed_copy(self.tokenizer, None),
+                "longest_first": _fixed_copy(self.tokenizer, self.max_length),
+            }
+        self._leading = self._leading_specials()
+
+    def enable_pairs(self) -> None:
+        """Make `run` able to cut pairs from their second text alone. Called at load, before any
+        thread tokenizes: one more Rust copy, which only cross-encoders need."""
+        if self._fixed and "only_second" not in self._fixed:
+            self._fixed["only_second"] = _fixed_copy(self.tokenizer, self.max_length, "only_second")
+
+    def run(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        *,
+        cut: str | None = "longest_first",
+        special: bool = True,
+        offsets: bool = False,
+    ) -> Sequence[Any]:
+        """Encode `texts` (with `pairs` as second texts), cut to the limit with the `cut`
+        strategy ("longest_first", "only_second" after `enable_pairs`) or whole with None.
+
+        Each result has `ids` and `type_ids`, and `offsets` where asked (fast tokenizers always
+        have them; slow ones cannot give them).
+        """
+        if not texts:  # the fast tokenizer raises IndexError on an empty batch
+            return []
+        inputs: list[Any] = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
+        if self._fixed:
+            fixed = self._fixed.get(cut)
+            assert fixed is not None, f"This is a bug: no tokenizer cuts with {cut!r} (enable_pairs?)"
+            return cast("list[Any]", fixed.encode_batch(inputs, add_special_tokens=special))
+        encoded = self.tokenizer(
+            list(texts),
+            None if pairs is None else list(pairs),
+            add_special_tokens=special,
+            truncation=cut or False,
+            max_length=self.max_length if cut else None,
+            return_token_type_ids=True,
+            return_attention_mask=False,
+            return_offsets_mapping=offsets,
+        )
+        spans = encoded["offset_mapping"] if offsets else [[] for _ in inputs]
+        return [
+            Row(list(i), list(t), [tuple(o) for o in span])
+            for i, t, span in zip(encoded["input_ids"], encoded["token_type_ids"], spans, strict=True)
+        ]
+
+    def ids(self, texts: Sequence[str], *, special: bool = True, cut: str | None = "longest_first") -> list[list[int]]:
+        """Token ids per text (see `run`)."""
+        return [list(e.ids) for e in self.run(texts, cut=cut, special=special)]
 
     def prompt_length(self, prompt: str) -> int:
         """Tokens of `prompt` as a prefix, without a trailing special token (as sentence-transformers)."""
         if prompt not in self._prompt_lengths:
-            ids = self.tokenizer(prompt)["input_ids"]
+            ids = self.ids([prompt], cut=None)[0]
             length = len(ids) - (1 if ids and ids[-1] in self._special else 0)
             self._prompt_lengths[prompt] = length
         return self._prompt_lengths[prompt]
@@ -102,23 +173,15 @@ class TextTokenizer:
         Where `left[i]`, an over-long text loses its first tokens instead of its last, keeping the
         leading special tokens and its first `keep[i]` tokens (the prompt, as `prompt_length` counts).
         """
-        if not texts:  # the fast tokenizer raises IndexError on an empty batch
-            return []
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
         limit = self.max_length
-        encoded: list[list[int]]
-        if self._truncating is not None:
-            encoded = [e.ids for e in self._truncating.encode_batch(list(texts), add_special_tokens=True)]
-        else:
-            encoded = self.tokenizer(list(texts), truncation=True, max_length=limit, return_attention_mask=False)[
-                "input_ids"
-            ]
+        encoded = self.ids(texts)
         for i in (i for i, side in enumerate(left) if side and len(encoded[i]) >= limit and truncate[i]):
             encoded[i] = self._cut_left(texts[i], keep[i] if i < len(keep) else 0)
         for i, (ids, cut) in enumerate(zip(encoded, truncate, strict=True)):
             if not cut and len(ids) >= limit:
-                full = len(self.tokenizer(texts[i], return_attention_mask=False)["input_ids"])
+                full = len(self.ids([texts[i]], cut=None)[0])
                 if full > limit:
                     raise InputTooLong(
                         f"input {offset + i} has {full} tokens, more than the model's limit of {limit}; "
@@ -129,19 +192,17 @@ class TextTokenizer:
 
     def _leading_specials(self) -> int:
         """How many special tokens the tokenizer puts before a text ([CLS]: 1; most decoders: 0)."""
-        sample = "a b c"
-        plain = self.tokenizer(sample, add_special_tokens=False)["input_ids"]
-        full = self.tokenizer(sample)["input_ids"]
+        sample = ["a b c"]
+        plain = self.ids(sample, special=False, cut=None)[0]
+        full = self.ids(sample, cut=None)[0]
         return next((k for k in range(len(full)) if full[k : k + len(plain)] == plain), 0)
 
     def _cut_left(self, text: str, keep: int) -> list[int]:
         """`text`'s ids within the limit, its earliest tokens dropped (specials and `keep` kept)."""
-        ids: list[int] = self.tokenizer(text, return_attention_mask=False)["input_ids"]
+        ids = self.ids([text], cut=None)[0]
         if len(ids) <= self.max_length:
             return ids
-        head = ids[
-            : max(self._leading_specials(), keep)
-        ]  # `keep` (the prompt's length) already counts leading specials
+        head = ids[: max(self._leading, keep)]  # `keep` (the prompt's length) already counts leading specials
         return head + ids[len(ids) - (self.max_length - len(head)) :]
 
     def check_ids(self, ids: Sequence[int], truncate: bool, index: int) -> list[int]:
@@ -164,18 +225,10 @@ class TextTokenizer:
         """Each text's tokens as the model reads them (cut to its limit), with character spans."""
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
-        encoded = self.tokenizer(
-            list(texts),
-            add_special_tokens=add_special_tokens,
-            truncation=True,
-            max_length=self.max_length,
-            return_offsets_mapping=True,
-            return_attention_mask=False,
-        )
         rows = []
-        for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+        for text, encoding in zip(texts, self.run(texts, special=add_special_tokens, offsets=True), strict=True):
             row = []
-            for token_id, (start, stop) in zip(ids, offsets, strict=True):
+            for token_id, (start, stop) in zip(encoding.ids, encoding.offsets, strict=True):
                 special = token_id in self._special
                 span = (None, None) if special else (int(start), int(stop))
                 piece = self.tokenizer.convert_ids_to_tokens(token_id) if special else text[start:stop]
@@ -183,22 +236,24 @@ class TextTokenizer:
             rows.append(row)
         return rows
 
+    def _offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Each whole text's token spans, without special tokens."""
+        return [list(e.offsets) for e in self.run(texts, cut=None, special=False, offsets=True)]
+
     def first_tokens(self, texts: Sequence[str], count: int) -> list[str]:
         """Each text cut after its first `count` tokens (as this tokenizer splits it, no specials)."""
         if count < 1:
             raise InvalidInput(f"the token limit must be at least 1, got {count}", param="max_tokens_per_doc")
-        encoded = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
         return [
             text if len(offsets) <= count else text[: offsets[count - 1][1]]
-            for text, offsets in zip(texts, encoded["offset_mapping"], strict=True)
+            for text, offsets in zip(texts, self._offsets(texts), strict=True)
         ]
 
     def last_tokens(self, texts: Sequence[str], room: Sequence[int]) -> list[str]:
         """Each text's end that fits in `room[i]` tokens, starting at a word (so that it tokenizes
         as the same tokens again); a text that fits is unchanged."""
-        encoded = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
         cut = []
-        for text, offsets, fits in zip(texts, encoded["offset_mapping"], room, strict=True):
+        for text, offsets, fits in zip(texts, self._offsets(texts), room, strict=True):
             first = max(len(offsets) - max(fits, 0), 0)
             while 0 < first < len(offsets) and not text[offsets[first][0] - 1].isspace():
                 first += 1  # a token inside a word: start at the next word
@@ -208,15 +263,17 @@ class TextTokenizer:
     def fit_left(self, texts: Sequence[str], queries: Sequence[str] | None = None) -> list[str]:
         """`texts` cut at their start to fit the limit, alone or after their pair's query (kept whole)."""
         if queries is None:
-            rooms = [self.max_length - int(self.tokenizer.num_special_tokens_to_add(pair=False))] * len(texts)
+            rooms = [self.max_length - self.specials(pair=False)] * len(texts)
         else:
             unique = sorted(set(queries))
-            lengths = dict(
-                zip(unique, map(len, self.tokenizer(unique, add_special_tokens=False)["input_ids"]), strict=True)
-            )
-            room = self.max_length - int(self.tokenizer.num_special_tokens_to_add(pair=True))
+            lengths = dict(zip(unique, map(len, self.ids(unique, special=False, cut=None)), strict=True))
+            room = self.max_length - self.specials(pair=True)
             rooms = [room - lengths[q] for q in queries]
         return self.last_tokens(texts, rooms)
+
+    def specials(self, *, pair: bool) -> int:
+        """The special tokens that encoding adds to a text or a pair."""
+        return int(self.tokenizer.num_special_tokens_to_add(pair=pair))
 
     def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
         for index, row in enumerate(ids):

@@ -92,6 +92,9 @@ class TwoTowerAdapter(Adapter):
         ]
         usable = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
         self.max_length = min(usable) if usable else 77
+        # The wrapper sets its Rust tokenizer's truncation at the first call, which must not race a
+        # prepare thread's encoding; every later call asks for the same and leaves it alone.
+        self._tokenize(["a"])
         # CLIP and CLAP name their shared width `projection_dim`; SigLIP projects to the text width.
         projection = getattr(self.model.config, "projection_dim", None)
         projection = projection or getattr(text_config, "projection_size", None)
