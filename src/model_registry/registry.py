@@ -227,6 +227,7 @@ class Registry:
         role: str | None = None,
         truncate: bool | None = None,
         truncation_direction: str = "right",
+        max_tokens: int | None = None,
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Results:
@@ -235,6 +236,8 @@ class Registry:
         `role` ("query", "document", "classification"...) names a prompt used only when the model
         has it ("document" falls back to "passage"), as rerank does; `prompt_name` must exist.
         `truncation_direction` "left" cuts over-long texts at their start (dense, sparse, BGE-M3).
+        `max_tokens` lowers the model's token limit for this request's texts, special tokens and
+        prompt included (dense, sparse, BGE-M3): longer ones are cut, or refused without truncation.
         """
         handle = self._handle(model)
         contents = self._contents(inputs)
@@ -246,8 +249,14 @@ class Registry:
         text_prompt = self._prompt(adapter, prompt_name, prompt)
         cut = handle.spec.truncate if truncate is None else truncate
         is_query = (prompt_name or role) == "query"
+        if max_tokens is not None and any(isinstance(c, Text | TokenIds) for c in contents):
+            if not getattr(adapter, "token_caps", False):
+                raise UnsupportedOperation(
+                    f"the model '{model}' does not take a per-request token limit", param="max_tokens"
+                )
+            self._text_tokenizer(adapter, model).cap(max_tokens)  # a limit too small for any text: 400 now
         left = self._left(adapter, model, truncation_direction)
-        items = [EmbedItem(c, wanted, text_prompt, is_query, cut, left) for c in contents]
+        items = [EmbedItem(c, wanted, text_prompt, is_query, cut, left, max_tokens) for c in contents]
         return await self.run(model, items, priority=priority, timeout=timeout)
 
     async def run(

@@ -99,7 +99,9 @@ class EmbedItem:
     """One input to embed. `prompt` is the literal text put before a text input.
 
     `truncate_left` cuts an over-long text at its start instead of its end (the prompt and the
-    special tokens are kept), for adapters whose `truncation_sides` include "left".
+    special tokens are kept), for adapters whose `truncation_sides` include "left". `max_tokens`
+    lowers the model's token limit for this input (special tokens and prompt included), for
+    adapters with `token_caps`.
     """
 
     content: Content
@@ -108,6 +110,7 @@ class EmbedItem:
     is_query: bool = False
     truncate: bool = True
     truncate_left: bool = False
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

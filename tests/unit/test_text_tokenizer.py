@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from model_registry.adapters.text import TextTokenizer
-from model_registry.errors import InputTooLong
+from model_registry.errors import InputTooLong, InvalidInput
 from tests.builders.text import tiny_bert
 
 LIMIT = 16
@@ -106,3 +106,27 @@ def test_threads_with_different_truncation_each_get_their_own(directory: Path) -
         thread.join()
     assert not errors, errors[:3]
     assert not wrong, f"wrong results from calls {sorted(set(wrong))}, {len(wrong)} times"
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_request_limit_cuts_as_the_wrapper_cuts_at_that_length(directory: Path, side: str) -> None:
+    tokenizer, hf = ours(directory), wrapper(directory)
+    hf.truncation_side = side
+    for cap in (3, 5, 9, LIMIT, LIMIT + 40):
+        expected = hf(TEXTS, truncation=True, max_length=min(cap, LIMIT), return_attention_mask=False)["input_ids"]
+        got = tokenizer.encode(TEXTS, [True] * len(TEXTS), left=[side == "left"] * len(TEXTS), caps=[cap] * len(TEXTS))
+        assert got == expected, cap
+    assert tokenizer.check_ids([5, 6, 7, 8, 9], True, 0, 3) == [5, 6, 7]
+
+
+def test_a_request_limit_refuses_a_longer_text_without_truncation_and_needs_room_for_text(directory: Path) -> None:
+    tokenizer = ours(directory)
+    hf = wrapper(directory)
+    assert tokenizer.encode(["a cat"], [False], caps=[4]) == hf(["a cat"])["input_ids"]
+    longer = len(hf("a cat sat")["input_ids"])
+    with pytest.raises(InputTooLong, match=f"input 0 has {longer} tokens, more than the request's token limit of 4"):
+        tokenizer.encode(["a cat sat"], [False], caps=[4])
+    with pytest.raises(InvalidInput, match="no room for text after the model's 2 special tokens"):
+        tokenizer.cap(2)
+    with pytest.raises(InputTooLong, match="input 1 has 5 tokens, more than the request's token limit of 3"):
+        tokenizer.check_ids([5, 6, 7, 8, 9], False, 1, 3)

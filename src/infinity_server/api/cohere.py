@@ -137,6 +137,7 @@ async def _embed(request: Request, version: str) -> Response:
             role=role,
             truncate=body.truncate != "NONE",
             truncation_direction="left" if body.truncate == "START" else "right",
+            max_tokens=body.max_tokens,
             priority=body.priority,
         )
         results = await until_disconnected(request, work)

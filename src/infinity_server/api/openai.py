@@ -41,9 +41,8 @@ async def embeddings(request: Request) -> Response:
     body = await parse_body(request, EmbeddingRequest)
     registry = registry_of(request)
     async with engine_inputs(request, body.model, body.modality, body.inputs(), body.media_inputs) as inputs:
-        work = registry.embed(
-            body.model, inputs, prompt_name=body.prompt_name, truncate=body.truncate, priority=body.priority
-        )
+        options = body.truncation(body.truncate)
+        work = registry.embed(body.model, inputs, prompt_name=body.prompt_name, priority=body.priority, **options)
         results = await until_disconnected(request, work)
 
     return await vectors_response(

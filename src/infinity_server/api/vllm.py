@@ -18,7 +18,7 @@ from starlette.routing import Route
 from infinity_server.api.common import json_response, parse_body, registry_of, until_disconnected, vectors_response
 from infinity_server.encoding import column, encode_vectors, numbers_in
 from infinity_server.schemas.vllm import PoolingRequest, ScoreRequest
-from model_registry import Capability, Output
+from model_registry import Capability, Output, UnsupportedOperation
 
 
 def _usage(tokens: int) -> dict[str, int]:
@@ -27,7 +27,13 @@ def _usage(tokens: int) -> dict[str, int]:
 
 async def score(request: Request) -> Response:
     body = await parse_body(request, ScoreRequest)
-    work = registry_of(request).score(body.model, body.pairs(), truncate=body.truncate, priority=body.priority)
+    options = body.truncation(body.truncate)
+    if "max_tokens" in options:
+        raise UnsupportedOperation(
+            "/score cuts a pair at the model's limit only: send truncate_prompt_tokens -1, or none",
+            param="truncate_prompt_tokens",
+        )
+    work = registry_of(request).score(body.model, body.pairs(), truncate=options["truncate"], priority=body.priority)
     scored = await until_disconnected(request, work)
     data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scored.scores)]
     return json_response(
@@ -47,7 +53,8 @@ async def pooling(request: Request) -> Response:
     registry = registry_of(request)
     tokens = Capability.MULTIVECTOR in registry.info(body.model).capabilities
     output = Output.MULTIVECTOR if tokens else Output.DENSE
-    work = registry.embed(body.model, body.texts(), outputs=(output,), truncate=body.truncate, priority=body.priority)
+    options = body.truncation(body.truncate)
+    work = registry.embed(body.model, body.texts(), outputs=(output,), priority=body.priority, **options)
     results = await until_disconnected(request, work)
 
     def build() -> dict[str, Any]:

@@ -31,6 +31,30 @@ class EngineOptions(BaseModel):
     priority: Priority = None
 
 
+def _not_zero(value: int | None) -> int | None:
+    if value == 0:
+        raise ValueError("truncate_prompt_tokens must be -1 (the model's limit) or a positive token count")
+    return value
+
+
+class PromptTokenLimit(BaseModel):
+    """vLLM's `truncate_prompt_tokens`: -1 cuts texts at the model's limit, k keeps each text's
+    last k tokens (special tokens included, as vLLM counts them); it overrides `truncate`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    truncate_prompt_tokens: Annotated[StrictInt | None, Field(ge=-1), AfterValidator(_not_zero)] = None
+
+    def truncation(self, truncate: bool | None) -> dict[str, Any]:
+        """`registry.embed`'s truncation options for this body, whose own `truncate` is given."""
+        limit = self.truncate_prompt_tokens
+        if limit is None:
+            return {"truncate": truncate}
+        if limit == -1:
+            return {"truncate": True}
+        return {"truncate": True, "truncation_direction": "left", "max_tokens": limit}
+
+
 class ModelOptions(EngineOptions):
     """`EngineOptions` with the (required) model name."""
 

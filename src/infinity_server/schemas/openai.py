@@ -7,14 +7,15 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictInt, StrictStr
 
 from infinity_server.encoding import EmbeddingType, EncodingFormat
-from infinity_server.schemas.common import Dimensions, ModelOptions, media_strings
+from infinity_server.schemas.common import Dimensions, ModelOptions, PromptTokenLimit, media_strings
 
 TokenList = Annotated[list[StrictInt], Field(min_length=1)]
 EmbeddingInput = StrictStr | list[StrictStr] | TokenList | list[TokenList]
 
 
-class EmbeddingRequest(ModelOptions):
-    """`POST /v1/embeddings` and Infinity's `POST /embeddings`, plus this server's extensions."""
+class EmbeddingRequest(ModelOptions, PromptTokenLimit):
+    """`POST /v1/embeddings` and Infinity's `POST /embeddings`, plus this server's extensions and
+    vLLM's `truncate_prompt_tokens`."""
 
     input: EmbeddingInput
     encoding_format: EncodingFormat = "float"

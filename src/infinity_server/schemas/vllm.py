@@ -7,13 +7,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, StrictStr
 
 from infinity_server.encoding import EncodingFormat
-from infinity_server.schemas.common import ModelOptions, one_or_many
+from infinity_server.schemas.common import ModelOptions, PromptTokenLimit, one_or_many
 from model_registry import InvalidInput
 
 Texts = StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
 
 
-class ScoreRequest(ModelOptions):
+class ScoreRequest(ModelOptions, PromptTokenLimit):
     """`text_1` and `text_2` each a string or a list: 1 to 1, 1 to N, or N to N pairs (vLLM's rule)."""
 
     text_1: Texts
@@ -47,7 +47,7 @@ class ScoreResponse(BaseModel):
     usage: dict[str, int]
 
 
-class PoolingRequest(ModelOptions):
+class PoolingRequest(ModelOptions, PromptTokenLimit):
     input: Texts
     encoding_format: EncodingFormat = "float"
 

@@ -122,6 +122,7 @@ class ColbertAdapter(TextEncoder):
     kind = Kind.MULTIVECTOR
     capabilities = frozenset({Capability.MULTIVECTOR})
     truncation_sides = ("right",)  # ColBERT tokenizes with its markers itself
+    token_caps = False  # its query and document lengths are its own settings
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         super().__init__(layout, trust_remote_code)

@@ -78,6 +78,8 @@ class TextEncoder(Adapter):
     backend = "torch"
     #: Which end of an over-long text may be cut (`text_tokens` honours `EmbedItem.truncate_left`).
     truncation_sides: tuple[str, ...] = ("right", "left")
+    #: Whether `text_tokens` honours `EmbedItem.max_tokens` (a request's own token limit).
+    token_caps = True
     #: What the engine's forward returns for this family.
     task: Task = "feature-extraction"
 
@@ -179,7 +181,8 @@ class TextEncoder(Adapter):
         texts, where = [], []
         for i, item in enumerate(items):
             if isinstance(item.content, TokenIds):
-                tokens[i] = Tokens(tuple(self.tokenizer.check_ids(item.content.ids, item.truncate, i)))
+                checked = self.tokenizer.check_ids(item.content.ids, item.truncate, i, item.max_tokens)
+                tokens[i] = Tokens(tuple(checked))
             elif isinstance(item.content, Text):
                 texts.append(item.prompt + item.content.text)
                 where.append(i)
@@ -187,7 +190,8 @@ class TextEncoder(Adapter):
                 raise InvalidInput(f"input {i}: this model embeds text only", param="input")
         left = [items[i].truncate_left for i in where]
         keep = [self.tokenizer.prompt_length(items[i].prompt) if items[i].prompt else 0 for i in where]
-        encoded = self.tokenizer.encode(texts, [items[i].truncate for i in where], left=left, keep=keep)
+        caps = [items[i].max_tokens for i in where]
+        encoded = self.tokenizer.encode(texts, [items[i].truncate for i in where], left=left, keep=keep, caps=caps)
         for i, ids in zip(where, encoded, strict=True):
             prompt = items[i].prompt
             prompt_tokens = self.tokenizer.prompt_length(prompt) if prompt and not self.layout.include_prompt else 0

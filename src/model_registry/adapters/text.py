@@ -102,6 +102,7 @@ class TextTokenizer:
                 "longest_first": _fixed_copy(self.tokenizer, self.max_length),
             }
         self._leading = self._leading_specials()
+        self._specials = self.specials(pair=False)
 
     def enable_pairs(self) -> None:
         """Make `run` able to cut pairs from their second text alone. Called at load, before any
@@ -167,28 +168,50 @@ class TextTokenizer:
         offset: int = 0,
         left: Sequence[bool] = (),
         keep: Sequence[int] = (),
+        caps: Sequence[int | None] = (),
     ) -> list[list[int]]:
         """Token ids per text; too long with truncation off is `InputTooLong` naming the index.
 
-        Where `left[i]`, an over-long text loses its first tokens instead of its last, keeping the
-        leading special tokens and its first `keep[i]` tokens (the prompt, as `prompt_length` counts).
+        `caps[i]` lowers text i's limit below the model's (the request's own token limit, special
+        tokens and prompt included). Where `left[i]`, an over-long text loses its first tokens
+        instead of its last, keeping the leading special tokens and its first `keep[i]` tokens (the
+        prompt, as `prompt_length` counts).
         """
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
-        limit = self.max_length
         encoded = self.ids(texts)
-        for i in (i for i, side in enumerate(left) if side and len(encoded[i]) >= limit and truncate[i]):
-            encoded[i] = self._cut_left(texts[i], keep[i] if i < len(keep) else 0)
-        for i, (ids, cut) in enumerate(zip(encoded, truncate, strict=True)):
-            if not cut and len(ids) >= limit:
-                full = len(self.ids([texts[i]], cut=None)[0])
-                if full > limit:
-                    raise InputTooLong(
-                        f"input {offset + i} has {full} tokens, more than the model's limit of {limit}; "
-                        "shorten it or allow truncation",
-                        param="input",
-                    )
+        for i, ids in enumerate(encoded):
+            cap = self.cap(caps[i] if i < len(caps) else None)
+            side = i < len(left) and left[i]
+            if len(ids) < cap or (len(ids) == cap and truncate[i] and not side and cap == self.max_length):
+                continue  # within the limit, or cut at the model's limit on the right as asked
+            full = self.ids([texts[i]], cut=None)[0]
+            if len(full) <= cap:
+                encoded[i] = full
+            elif not truncate[i]:
+                raise InputTooLong(
+                    f"input {offset + i} has {len(full)} tokens, more than {self._limit_name(cap)} of {cap}; "
+                    "shorten it or allow truncation",
+                    param="input",
+                )
+            else:
+                encoded[i] = self._cut_to(full, cap, left=side, keep=keep[i] if i < len(keep) else 0)
         return encoded
+
+    def cap(self, limit: int | None) -> int:
+        """A request's token limit within the model's; fewer tokens than the special tokens leave
+        no room for text and are `InvalidInput`."""
+        if limit is None or limit >= self.max_length:
+            return self.max_length
+        if limit <= self._specials:
+            raise InvalidInput(
+                f"a limit of {limit} tokens leaves no room for text after the model's {self._specials} special tokens",
+                param="max_tokens",
+            )
+        return limit
+
+    def _limit_name(self, cap: int) -> str:
+        return "the model's limit" if cap == self.max_length else "the request's token limit"
 
     def _leading_specials(self) -> int:
         """How many special tokens the tokenizer puts before a text ([CLS]: 1; most decoders: 0)."""
@@ -197,28 +220,32 @@ class TextTokenizer:
         full = self.ids(sample, cut=None)[0]
         return next((k for k in range(len(full)) if full[k : k + len(plain)] == plain), 0)
 
-    def _cut_left(self, text: str, keep: int) -> list[int]:
-        """`text`'s ids within the limit, its earliest tokens dropped (specials and `keep` kept)."""
-        ids = self.ids([text], cut=None)[0]
-        if len(ids) <= self.max_length:
-            return ids
-        head = ids[: max(self._leading, keep)]  # `keep` (the prompt's length) already counts leading specials
-        return head + ids[len(ids) - (self.max_length - len(head)) :]
+    def _cut_to(self, ids: list[int], cap: int, *, left: bool, keep: int) -> list[int]:
+        """A whole text's `ids` cut to `cap` tokens, its special tokens kept where the tokenizer
+        put them: the end of the text goes (as the tokenizer's own truncation cuts it), or with
+        `left` its start after the leading specials and the first `keep` tokens (the prompt's
+        length, which already counts the leading specials)."""
+        if left:
+            head = ids[: max(self._leading, keep)]
+            return head + ids[len(ids) - (cap - len(head)) :]
+        trailing = self._specials - self._leading
+        return ids[: cap - trailing] + ids[len(ids) - trailing :]
 
-    def check_ids(self, ids: Sequence[int], truncate: bool, index: int) -> list[int]:
+    def check_ids(self, ids: Sequence[int], truncate: bool, index: int, cap: int | None = None) -> list[int]:
         """Client-given token ids: in the vocabulary, within the limit (or truncated)."""
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise InvalidInput(
                 f"input {index} has token id {bad}, outside the vocabulary [0, {self.vocab_size})", param="input"
             )
-        if len(ids) > self.max_length:
+        limit = self.max_length if cap is None else min(cap, self.max_length)
+        if len(ids) > limit:
             if not truncate:
                 raise InputTooLong(
-                    f"input {index} has {len(ids)} tokens, more than the model's limit of {self.max_length}",
+                    f"input {index} has {len(ids)} tokens, more than {self._limit_name(limit)} of {limit}",
                     param="input",
                 )
-            ids = ids[: self.max_length]
+            ids = ids[:limit]
         return list(ids)
 
     def tokens(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[Token]]:
