@@ -17,11 +17,13 @@ this process and served by `infinity-server serve` (one model, a subprocess) at 
    - in-process: the same adapter and engine on the same inputs, tokenized, sorted by length and
      cut into batches of the server's token budget: the ceiling the server can reach; the ratio
      server / in-process is the server's overhead;
-2. idle latency: single sentences one at a time, `IDLE_GAP` apart, over HTTP (p50; with the
-   standard library's keep-alive client, and with httpx's async client), against the engine's own
-   single-sentence prepare + forward + postprocess in-process at the same gap (idle) and back to
-   back (hot). An idle engine's thread pool sleeps between requests and wakes on the next one, so
-   the idle forward is the reference for the server's idle latency.
+2. idle latency: single sentences one at a time, `IDLE_GAP` apart, over HTTP with the standard
+   library's keep-alive client (each followed by a `/health` round trip: the HTTP floor), in
+   blocks alternating with the engine's own single-sentence prepare + forward + postprocess
+   in-process: p50s, and the server's stage times from its timing headers. An idle engine's
+   thread pool sleeps between requests and wakes on the next one, so the idle forward is the
+   reference for the server's idle latency. Then httpx's async client alone, and the engine
+   in-process back to back (hot).
 sentence-transformers `encode(batch_size=32)` on the same inputs is the naive baseline. Converted
 models are cached (the user's engine cache), so only the first run exports. The CPU's model and
 vector extensions, the load average and the hypervisor's steal time are printed with the figures:
@@ -60,6 +62,11 @@ ENGINES = {
 BATCH_TOKENS = 1024
 #: Seconds between idle single-sentence probes, over HTTP and in-process alike.
 IDLE_GAP = 0.02
+#: Seconds of quiet before each block of idle probes, and the probes of a block not counted.
+BLOCK_PAUSE = 0.2
+WARM_PROBES = 2
+#: The server's timing headers (`x-<stage>-time`, ms) recorded for each idle probe.
+STAGES = ("total", "tokenization", "queue", "inference")
 
 
 class Served:
@@ -103,27 +110,26 @@ class Served:
 
         return statistics.median(asyncio.run(run())[3:]) * 1e3
 
-    def idle(self, probes: list[str]) -> float:
-        """The same with the standard library's keep-alive `http.client`: little client-side cost,
-        so the figure is the server's (httpx adds about 2-3 ms a request on this machine)."""
-        import http.client
+    def idle(self, text: str, connection: Any) -> tuple[float, dict[str, float]]:
+        """One sentence over the standard library's keep-alive `http.client` (little client-side
+        cost, so the figure is the server's; httpx adds 1-6 ms a request on this machine): seconds,
+        and the server's stage times from its timing headers (ms)."""
+        body = json.dumps({"model": MODEL, "input": [text]}).encode()
+        started = time.perf_counter()
+        connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"the server answered {response.status}: {response.read()!r}")
+        json.loads(response.read())
+        seconds = time.perf_counter() - started
+        return seconds, {stage: float(response.getheader(f"x-{stage}-time") or "nan") for stage in STAGES}
 
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        latencies = []
-        try:
-            for text in probes:
-                body = json.dumps({"model": MODEL, "input": [text]}).encode()
-                started = time.perf_counter()
-                connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
-                response = connection.getresponse()
-                if response.status != 200:
-                    raise RuntimeError(f"the server answered {response.status}: {response.read()!r}")
-                json.loads(response.read())
-                latencies.append(time.perf_counter() - started)
-                time.sleep(IDLE_GAP)
-        finally:
-            connection.close()
-        return statistics.median(latencies[3:]) * 1e3
+    def health(self, connection: Any) -> float:
+        """Seconds of one `/health` round trip: the HTTP floor (parsing, middleware, two wakes)."""
+        started = time.perf_counter()
+        connection.request("GET", "/health")
+        connection.getresponse().read()
+        return time.perf_counter() - started
 
 
 class InProcess:
@@ -164,18 +170,66 @@ class InProcess:
                 batch.append(item)
         return len(texts) / (time.perf_counter() - started)
 
-    def single(self, probes: list[str], gap: float) -> float:
-        """p50 ms of one sentence through prepare, collate, forward and postprocess, `gap` s apart."""
+    def single(self, text: str) -> float:
+        """Seconds of one sentence through prepare, collate, forward and postprocess."""
         from model_registry.types import EmbedItem, Text
 
-        latencies = []
-        for text in probes:
-            started = time.perf_counter()
-            collated = self.adapter.collate(self.adapter.prepare([EmbedItem(Text(text))]))
-            self.adapter.postprocess(collated, self.adapter.forward(collated))
-            latencies.append(time.perf_counter() - started)
-            time.sleep(gap)
-        return statistics.median(latencies[3:]) * 1e3
+        started = time.perf_counter()
+        collated = self.adapter.collate(self.adapter.prepare([EmbedItem(Text(text))]))
+        self.adapter.postprocess(collated, self.adapter.forward(collated))
+        return time.perf_counter() - started
+
+    def hot(self, probes: list[str]) -> float:
+        """p50 ms of the same back to back: the engine with its threads awake."""
+        return statistics.median([self.single(text) for text in probes][3:]) * 1e3
+
+
+def idle(server: Served, local: InProcess, probes: list[str], rounds: int = 5) -> dict[str, float]:
+    """The server and the engine in-process in alternating blocks of single sentences, `IDLE_GAP`
+    apart: over HTTP (each followed by a `/health` round trip, the HTTP floor), then in-process;
+    p50s in ms over every block, and the server's stage times from its timing headers.
+
+    Blocks, not strict turns, and a pause between them: an OpenMP engine's threads spin for
+    10-20 ms after each forward pass (measured here), so a probe 20 ms after the other process's
+    forward pass would pay for that process's spinning (torch in-process: 9 ms alone, 13 ms in
+    strict turns with the server). Blocks still put both sides in the same minute of the machine,
+    whose idle figures drift by several ms between runs."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    served: list[float] = []
+    local_runs: list[float] = []
+    floor: list[float] = []
+    stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    size = max(1, len(probes) // rounds)
+    try:
+        for start in range(0, size * rounds, size):
+            block = probes[start : start + size]
+            time.sleep(BLOCK_PAUSE)
+            for i, text in enumerate(block):
+                seconds, headers = server.idle(text, connection)
+                time.sleep(IDLE_GAP)
+                health = server.health(connection)
+                time.sleep(IDLE_GAP)
+                if i >= WARM_PROBES:
+                    served.append(seconds)
+                    floor.append(health)
+                    for stage, value in headers.items():
+                        stages[stage].append(value)
+            time.sleep(BLOCK_PAUSE)
+            for i, text in enumerate(block):
+                seconds = local.single(text)
+                time.sleep(IDLE_GAP)
+                if i >= WARM_PROBES:
+                    local_runs.append(seconds)
+    finally:
+        connection.close()
+    figures = {
+        "idle_p50_ms": statistics.median(served) * 1e3,
+        "single_idle_p50_ms": statistics.median(local_runs) * 1e3,
+        "health_p50_ms": statistics.median(floor) * 1e3,
+    }
+    return figures | {f"server_{stage}_p50_ms": statistics.median(values) for stage, values in stages.items()}
 
 
 def steal() -> tuple[int, int]:
@@ -196,17 +250,15 @@ def measure(
     stolen, total = steal()
     with InProcess(engine) as local, Served(engine) as server:
         server.warm(work)
+        local.hot(probes[:8])
         local.throughput([requests[0][:64] for requests in work.values()])
         for _ in range(repeats):
             for name, requests in work.items():
                 runs.setdefault(f"{name}_in_process", []).append(local.throughput(requests))
                 runs.setdefault(f"{name}_server", []).append(server.throughput(name, requests, encoding_format))
-        figures: dict[str, Any] = {
-            "idle_p50_ms": server.idle(probes),
-            "idle_httpx_p50_ms": server.idle_httpx(probes),
-            "single_idle_p50_ms": local.single(probes, IDLE_GAP),
-            "single_hot_p50_ms": local.single(probes, 0.0),
-        }
+        figures: dict[str, Any] = idle(server, local, probes)
+        figures["idle_httpx_p50_ms"] = server.idle_httpx(probes)
+        figures["single_hot_p50_ms"] = local.hot(probes)
     stolen_after, total_after = steal()
     figures |= {key: statistics.median(values) for key, values in runs.items()}
     figures["runs"] = runs
@@ -282,8 +334,10 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=1)
     parser.add_argument("--short-inputs", type=int, default=256, help="inputs per short request")
     parser.add_argument("--long-inputs", type=int, default=64, help="inputs per long request")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each workload, alternating")
-    parser.add_argument("--probes", type=int, default=63, help="single sentences for idle latency")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each workload, alternating (0: idle latency only)"
+    )
+    parser.add_argument("--probes", type=int, default=150, help="single sentences for idle latency (5 blocks)")
     parser.add_argument(
         "--encoding-format",
         choices=("base64", "float"),
@@ -321,7 +375,7 @@ def main() -> None:
         "encoding_format": args.encoding_format,
         "load_average_before": os.getloadavg(),
     }
-    results["sentence-transformers"] = sentence_transformers(work)
+    results["sentence-transformers"] = sentence_transformers(work) if args.repeats else {}
     print("sentence-transformers", json.dumps(results["sentence-transformers"]), flush=True)
     for name in args.engines.split(","):
         results[name] = measure(ENGINES[name], work, probes, args.repeats, args.encoding_format)
@@ -357,14 +411,15 @@ def report(results: dict[str, Any]) -> str:
         f"CPU: {results['cpu']}; bulk responses as {results['encoding_format']}",
         "",
         "| engine | short: server | in-process | server/in-process (paired) | x s-t | long: server | in-process "
-        "| server/in-process (paired) | x s-t | idle p50 (ms) | httpx idle p50 | single forward idle / hot (ms) "
-        "| steal % |",
-        "|" + "---|" * 13,
+        "| server/in-process (paired) | x s-t | steal % |",
+        "|" + "---|" * 10,
     ]
-    short, long = st["short_inputs_per_s"], st["long_inputs_per_s"]
-    lines.append(f"| sentence-transformers | | {short:.0f} | | 1.00 | | {long:.1f} | | 1.00 | | | | |")
-    for name, value in results.items():
-        if not isinstance(value, dict) or "idle_p50_ms" not in value:
+    short, long = st.get("short_inputs_per_s"), st.get("long_inputs_per_s")
+    if short is not None and long is not None:
+        lines.append(f"| sentence-transformers | | {short:.0f} | | 1.00 | | {long:.1f} | | 1.00 | |")
+    engines = {name: v for name, v in results.items() if isinstance(v, dict) and "idle_p50_ms" in v}
+    for name, value in engines.items():
+        if not value["runs"] or short is None or long is None:
             continue
         cells = []
         for work in ("short", "long"):
@@ -375,9 +430,25 @@ def report(results: dict[str, Any]) -> str:
                 f"{paired_ratio(value['runs'], work):.2f}",
                 f"{served / st[f'{work}_inputs_per_s']:.2f}",
             ]
-        idle = f"{value['idle_p50_ms']:.1f} | {value['idle_httpx_p50_ms']:.1f}"
-        single = f"{value['single_idle_p50_ms']:.1f} / {value['single_hot_p50_ms']:.1f}"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {idle} | {single} | {value['steal_percent']:.1f} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {value['steal_percent']:.1f} |")
+    lines += [
+        "",
+        "Idle single sentences, server and in-process in alternating blocks (p50 ms); "
+        "the server's stages from its timing headers:",
+        "",
+        "| engine | server over HTTP | engine in-process, idle | difference (target <= 2) | hot in-process "
+        "| httpx client | /health | server: total | tokenization | queue | inference |",
+        "|" + "---|" * 11,
+    ]
+    for name, value in engines.items():
+        if "health_p50_ms" not in value:  # a run from before the idle probes took turns
+            continue
+        served, local = value["idle_p50_ms"], value["single_idle_p50_ms"]
+        stages = " | ".join(f"{value[f'server_{stage}_p50_ms']:.2f}" for stage in STAGES)
+        lines.append(
+            f"| {name} | {served:.2f} | {local:.2f} | {served - local:+.2f} | {value['single_hot_p50_ms']:.2f} "
+            f"| {value['idle_httpx_p50_ms']:.2f} | {value['health_p50_ms']:.2f} | {stages} |"
+        )
     lines.append(f"\nload average before {results['load_average_before']}, after {results['load_average_after']}")
     return "\n".join(lines)
 

@@ -193,6 +193,8 @@ class BatchQueue:
         self._last_aged = -math.inf
         self._aged_last = False  # the last batch taken was an aged one
         self._rate = 0.0  # item cost per second, smoothed; for Retry-After and admission
+        #: Called (on the putting thread, outside the lock) after every `put` that queued work.
+        self.on_put: Callable[[], None] | None = None
 
     # ---- the event loop's side -----------------------------------------------------------------
 
@@ -222,6 +224,8 @@ class BatchQueue:
                 self._count += len(entries)
                 self._pending_cost += sum(e.prepared.cost for e in entries)
                 self._cond.notify_all()
+        if entries and self.on_put is not None:
+            self.on_put()
 
     @property
     def depth(self) -> int:

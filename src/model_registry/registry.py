@@ -18,7 +18,7 @@ from model_registry.adapters import Adapter
 from model_registry.adapters.engines import check_engines
 from model_registry.adapters.text import TextTokenizer
 from model_registry.admission import client_priority, deadline_after, price
-from model_registry.batching import Request
+from model_registry.batching import BatchQueue, Request
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
     Cancelled,
@@ -68,6 +68,14 @@ from model_registry.worker import BatchStats
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def _enqueue(queue: BatchQueue, request: Request) -> None:
+    """`queue.put(request)`, its refusal (a full queue, an unloading model) failing the request."""
+    try:
+        queue.put(request)
+    except Exception as error:
+        request.fail(error)
 
 
 class Registry:
@@ -280,7 +288,10 @@ class Registry:
                 reservation.reprice(sum(p.cost for p in prepared))
                 request = Request.on_loop(prepared, priority=rank, deadline=deadline)
                 enqueued = time.time()
-                lease.queue.put(request)
+                # Queued once this turn of the event loop is over, not now: the loop's own work
+                # until it sleeps (this request's wait, the tasks it woke) would otherwise run
+                # beside the forward pass it starts, on the cores the engine's threads are using.
+                asyncio.get_running_loop().call_soon(_enqueue, lease.queue, request)
                 results = await request.outcome()
             finally:
                 reservation.release()

@@ -1,9 +1,10 @@
 """The per-model worker: collate -> forward -> postprocess, on two supervised threads.
 
-While the forward thread runs a batch, the collator thread takes the next batch from the queue and
-collates it, so exactly one batch is prepared ahead. An idle forward thread takes and collates the
-next batch itself: an idle model's request wakes one thread, not two in turn (each wake of a
-sleeping thread costs a fraction of a millisecond, more on a virtual machine's idle core). Before
+While the forward thread runs a batch and more work is queued, the collator thread takes the next
+batch from the queue and collates it, so exactly one batch is prepared ahead; with nothing queued
+it stays asleep, off the cores the engine's threads are using. An idle forward thread takes and
+collates the next batch itself: an idle model's request wakes one thread, not two in turn (each
+wake of a sleeping thread costs a fraction of a millisecond, more on a virtual machine). Before
 running a prefetched batch the forward thread checks it is still the right one: if a request of a
 higher priority arrived meanwhile, or some of its requests were cancelled, the live entries go
 back to the queue and a fresh batch is taken. A failure in any stage fails exactly the requests of
@@ -123,11 +124,16 @@ class Worker:
         self._handoff: queue.Queue[tuple[Batch, Any, float]] = queue.Queue(maxsize=1)
         self._slot_free = threading.Event()
         self._slot_free.set()
-        self._running = threading.Event()  # the forward thread holds a batch: prefetch the next
+        # Set while the forward thread holds a batch and more work is queued: prefetch the next.
+        # Only then: a collator woken at the start of every forward pass would take a core from
+        # the engine's threads just as they start (on a small machine, a pass stalled behind it).
+        self._running = threading.Event()
+        self._forwarding = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy = False
         self._gate = memory.gate(memory.memory_device(str(getattr(adapter, "device", "cpu"))))
+        batches.on_put = self._work_arrived
 
     def start(self) -> None:
         self._stop.clear()
@@ -184,6 +190,13 @@ class Worker:
         self._handoff.put(collated)
         self.batches.wake()  # an idle forward thread waits in the queue, not on the handoff
 
+    def _work_arrived(self) -> None:
+        """Work was queued: if a forward pass is running, the collator prefetches it. (The queue's
+        count rises before this reads `_forwarding`, which is set before the forward thread reads
+        the count: one of the two sees the other.)"""
+        if self._forwarding:
+            self._running.set()
+
     def _collate(self, batch: Batch) -> tuple[Batch, Any, float] | None:
         started = time.perf_counter()
         try:
@@ -205,7 +218,9 @@ class Worker:
             return
         batch, collated, collating = taken
         self.busy = True
-        self._running.set()
+        self._forwarding = True
+        if self.batches.depth:
+            self._running.set()
         self._slot_free.set()
         try:
             if prefetched and (not batch.live() or self.batches.outranks(batch)):
@@ -213,6 +228,7 @@ class Worker:
                 return
             self._run(batch, collated, collating)
         finally:
+            self._forwarding = False
             self._running.clear()
             self.busy = False
             self.batches.wake()  # a collator waiting for work while this ran stops waiting

@@ -72,6 +72,31 @@ async def test_a_failing_batch_fails_exactly_its_requests_of_the_same_priority_a
         assert len(vectors(await registry.embed("fake", ["still serving"]))) == 1
 
 
+async def test_the_collator_sleeps_through_an_idle_forward_and_prefetches_work_that_arrives() -> None:
+    async with Registry.from_config({"models": [fake(delay=0.3)]}) as registry:
+        adapter = adapter_of(registry, "fake")
+        collating: list[str] = []
+        original = adapter.collate
+
+        def collate(items: Any) -> list[str]:
+            collating.append(threading.current_thread().name)
+            return original(items)
+
+        adapter.collate = collate  # type: ignore[method-assign]
+        worker = registry._handles["fake"].worker
+        assert worker is not None
+        first = asyncio.create_task(registry.embed("fake", ["alone"]))
+        await asyncio.sleep(0.1)  # its forward pass runs, with nothing else queued
+        assert adapter.batches == [1]
+        assert not worker._running.is_set()
+        second = asyncio.create_task(registry.embed("fake", ["arrives"]))
+        await asyncio.sleep(0.1)  # queued while the first one runs: prefetch it
+        assert worker._running.is_set()
+        await asyncio.gather(first, second)
+        assert collating == ["fake-forward", "fake-collate"]
+        assert adapter.batches == [1, 1]
+
+
 async def test_cancelled_requests_never_reach_the_model() -> None:
     async with Registry.from_config({"models": [fake(delay=0.3)]}) as registry:
         blocker = asyncio.create_task(registry.embed("fake", ["first"]))
