@@ -17,13 +17,13 @@ this process and served by `infinity-server serve` (one model, a subprocess) at 
    - in-process: the same adapter and engine on the same inputs, tokenized, sorted by length and
      cut into batches of the server's token budget: the ceiling the server can reach; the ratio
      server / in-process is the server's overhead;
-2. idle latency: single sentences one at a time, `IDLE_GAP` apart, over HTTP with the standard
-   library's keep-alive client (each followed by a `/health` round trip: the HTTP floor), in
-   blocks alternating with the engine's own single-sentence prepare + forward + postprocess
-   in-process: p50s, and the server's stage times from its timing headers. An idle engine's
-   thread pool sleeps between requests and wakes on the next one, so the idle forward is the
-   reference for the server's idle latency. Then httpx's async client alone, and the engine
-   in-process back to back (hot).
+2. idle latency: single sentences one at a time over HTTP with the standard library's keep-alive
+   client, each followed by `IDLE_GAP`, a `/health` round trip (the HTTP floor) and `IDLE_GAP`
+   again, in blocks alternating with the engine's own single-sentence prepare + forward +
+   postprocess in-process at the same pace: p50s, and the server's stage times from its timing
+   headers. An idle engine's thread pool sleeps between requests and wakes on the next one, so
+   the idle forward is the reference for the server's idle latency. Then httpx's async client
+   alone, and the engine in-process back to back (hot).
 sentence-transformers `encode(batch_size=32)` on the same inputs is the naive baseline. Converted
 models are cached (the user's engine cache), so only the first run exports. The CPU's model and
 vector extensions, the load average and the hypervisor's steal time are printed with the figures:
@@ -185,9 +185,11 @@ class InProcess:
 
 
 def idle(server: Served, local: InProcess, probes: list[str], rounds: int = 5) -> dict[str, float]:
-    """The server and the engine in-process in alternating blocks of single sentences, `IDLE_GAP`
-    apart: over HTTP (each followed by a `/health` round trip, the HTTP floor), then in-process;
-    p50s in ms over every block, and the server's stage times from its timing headers.
+    """The server and the engine in-process in alternating blocks of single sentences: over HTTP,
+    each followed by `IDLE_GAP`, a `/health` round trip (the HTTP floor) and `IDLE_GAP` again;
+    then in-process, each followed by the same pause, so that the engine sleeps as long between
+    its probes as the server's did. p50s in ms over every block, and the server's stage times
+    from its timing headers.
 
     Blocks, not strict turns, and a pause between them: an OpenMP engine's threads spin for
     10-20 ms after each forward pass (measured here), so a probe 20 ms after the other process's
@@ -205,21 +207,23 @@ def idle(server: Served, local: InProcess, probes: list[str], rounds: int = 5) -
     try:
         for start in range(0, size * rounds, size):
             block = probes[start : start + size]
+            pauses = []
             time.sleep(BLOCK_PAUSE)
             for i, text in enumerate(block):
                 seconds, headers = server.idle(text, connection)
                 time.sleep(IDLE_GAP)
                 health = server.health(connection)
                 time.sleep(IDLE_GAP)
+                pauses.append(2 * IDLE_GAP + health)
                 if i >= WARM_PROBES:
                     served.append(seconds)
                     floor.append(health)
                     for stage, value in headers.items():
                         stages[stage].append(value)
             time.sleep(BLOCK_PAUSE)
-            for i, text in enumerate(block):
+            for i, (text, pause) in enumerate(zip(block, pauses, strict=True)):
                 seconds = local.single(text)
-                time.sleep(IDLE_GAP)
+                time.sleep(pause)  # the engine idles as long as the server's did between its probes
                 if i >= WARM_PROBES:
                     local_runs.append(seconds)
     finally:
