@@ -1,7 +1,7 @@
 """Device memory: how much there is, how much a model takes, and giving it back.
 
-CPU figures come from psutil (available RAM); CUDA figures from `torch.cuda.mem_get_info`, with
-torch imported only when a CUDA device is asked about. Nothing here decides what to evict; that
+CPU figures come from psutil (available RAM); CUDA figures from `torch.cuda.mem_get_info` and
+torch's allocator, with torch imported only when a CUDA device is asked about. Nothing here decides what to evict; that
 policy lives in `lifecycle.py`.
 """
 
@@ -180,13 +180,60 @@ def gate(device: str) -> DeviceGate:
         return _gates.setdefault(device, DeviceGate())
 
 
+@dataclass(frozen=True, slots=True)
+class CudaReading:
+    """One CUDA device at one moment, in bytes: what torch's allocator holds for tensors
+    (`allocated`) and has reserved from the driver (`reserved`), and what the whole device has in
+    use (`used`: total minus free, every allocator and process included)."""
+
+    allocated: int
+    reserved: int
+    used: int
+
+    @classmethod
+    def take(cls, device: str) -> CudaReading:
+        import torch
+
+        torch.cuda.synchronize(device)
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+        return cls(allocated=int(allocated), reserved=int(reserved), used=int(total - free))
+
+
+def cuda_footprint(before: CudaReading, after: CudaReading, torch_peak: int) -> int:
+    """The bytes a load and its warm-up took on a CUDA device: torch's peak of live tensors over
+    them, plus whatever the device lost outside torch's allocator (an ONNX Runtime or CTranslate2
+    arena, their cuBLAS and cuDNN workspaces), which torch's figures never see.
+
+    The part outside torch is the growth of the device's used memory less the growth of torch's
+    reserve, so torch's cache is not counted twice. It is measured after the warm-up, whose peak
+    those arenas keep. Another process allocating on the same device at the same time would be
+    charged here too; a load is over-charged then, never under-charged.
+    """
+    in_torch = max(0, torch_peak - before.allocated)
+    outside = (after.used - before.used) - (after.reserved - before.reserved)
+    return in_torch + max(0, outside)
+
+
+#: How ONNX Runtime's CUDA arena and CTranslate2 say that the device is full (torch has its own type).
+_OUT_OF_MEMORY = ("out of memory", "failed to allocate memory")
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """True when `error` says a CUDA device ran out of memory, whichever engine raised it."""
+    import torch
+
+    return isinstance(error, torch.cuda.OutOfMemoryError) or any(s in str(error).lower() for s in _OUT_OF_MEMORY)
+
+
 def load_and_measure(adapter: Adapter, options: LoadOptions, device: str) -> int:
     """Load `adapter` onto `device` and return its footprint in bytes.
 
     On CUDA: the allocator's growth over the load plus the peak of a warm-up forward on a
-    worst-case batch of every input kind the model takes, measured while no other model runs a
-    batch on the device, so that a model too large for its batch budget fails here, at load,
-    rather than under traffic. Elsewhere: the adapter's own estimate (weights plus working memory).
+    worst-case batch of every input kind the model takes, and the device memory the load took
+    outside torch's allocator (`cuda_footprint`), measured while no other model runs a batch on
+    the device, so that a model too large for its batch budget fails here, at load, rather than
+    under traffic. Elsewhere: the adapter's own estimate (weights plus working memory).
     """
     if not device.startswith("cuda"):
         adapter.load(options)
@@ -196,13 +243,14 @@ def load_and_measure(adapter: Adapter, options: LoadOptions, device: str) -> int
     from model_registry.warmup import run_batches, worst_case_batches
 
     with gate(device).exclusive():
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
+        before = CudaReading.take(device)
         adapter.load(options)
         torch.cuda.reset_peak_memory_stats(device)
         try:
             ran = run_batches(adapter, worst_case_batches(adapter, options.max_batch_tokens))
-        except torch.cuda.OutOfMemoryError:
+        except Exception as error:
+            if not out_of_memory(error):
+                raise
             adapter.unload()
             release(device)
             raise ModelUnavailable(
@@ -212,8 +260,8 @@ def load_and_measure(adapter: Adapter, options: LoadOptions, device: str) -> int
         if not ran:
             log.warning("no warm-up for %s; using its estimated footprint", type(adapter).__name__)
             return adapter.footprint()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device) - before)
+        after = CudaReading.take(device)
+        return cuda_footprint(before, after, torch.cuda.max_memory_allocated(device))
 
 
 def format_bytes(count: int | float) -> str:
