@@ -169,7 +169,7 @@ _PATH_PARAMETER = re.compile(r"{(\w+)(?::\w+)?}")
 
 
 def document_path(route_path: str) -> str:
-    """`/v1/models/{name:path}/load` -> `/v1/models/{name}/load`."""
+    """`/v1/models/{name:model}/load` -> `/v1/models/{name}/load`."""
     return _PATH_PARAMETER.sub(r"{\1}", route_path)
 
 

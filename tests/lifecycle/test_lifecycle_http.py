@@ -154,6 +154,9 @@ def test_load_and_unload_routes(serve: Any) -> None:
         missing = client.post("/v1/models/nope/load")
         assert missing.status_code == 404
         assert missing.json()["error"]["code"] == "model_not_found"
+        newline = client.post("/v1/models/no%0Ape/unload")  # routed as a name, not "no route"
+        assert newline.status_code == 404
+        assert newline.json()["error"]["code"] == "model_not_found"
         slashed = client.post("/v1/models/org/c/load")
         assert slashed.status_code == 200
         assert slashed.json()["id"] == "org/c"

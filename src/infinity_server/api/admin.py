@@ -52,7 +52,7 @@ async def memory(request: Request) -> Response:
 
 
 routes = [
-    Route("/v1/models/{name:path}/load", load, methods=["POST"]),
-    Route("/v1/models/{name:path}/unload", unload, methods=["POST"]),
+    Route("/v1/models/{name:model}/load", load, methods=["POST"]),
+    Route("/v1/models/{name:model}/unload", unload, methods=["POST"]),
     Route("/v1/memory", memory, methods=["GET"]),
 ]

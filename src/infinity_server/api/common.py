@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -24,6 +25,26 @@ M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+class ModelName(Convertor[str]):
+    """`{name:model}`: any model name in a path, slashes and control characters included.
+
+    Starlette's `path` convertor is `.*`, which stops at a newline, so a name holding one would
+    miss its route and be answered "no route" in another dialect's shape instead of "no such
+    model" in the route's own.
+    """
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("model", ModelName())
 
 
 def registry_of(request: Request) -> Registry:

@@ -327,7 +327,7 @@ async def root(request: Request) -> Response:
 
 routes = [
     Route("/", root, methods=["POST"]),
-    Route("/models/{name:path}", root, methods=["POST"]),
+    Route("/models/{name:model}", root, methods=["POST"]),
     Route("/embed", embed, methods=["POST"]),
     Route("/embed_sparse", embed_sparse, methods=["POST"]),
     Route("/embed_all", embed_all, methods=["POST"]),

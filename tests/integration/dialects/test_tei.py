@@ -236,6 +236,7 @@ BAD: list[tuple[str, str, dict[str, Any], int]] = [
     ("no text tokenizer", "/tokenize", {"inputs": "a", "model": "clip"}, 400),
     ("blank text to tokenize", "/tokenize", {"inputs": [" "]}, 400),
     ("root with an unknown model", "/models/nope", {"inputs": "a"}, 404),
+    ("root with a newline and a # in the name", "/models/a%0Ab%23c", {"inputs": "a"}, 404),
     ("root with a bad body", "/", {"inputs": 7}, 422),
 ]
 
