@@ -6,6 +6,7 @@ tokenizer itself for /tokenize and /decode.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +282,30 @@ def test_errors_before_the_route_are_in_tei_shape_too(dialect_server: LiveServer
     assert set(wrong_method.json()) == {"error", "error_type"}
     assert elsewhere.status_code == 415
     assert elsewhere.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_a_model_name_in_the_path_is_bounded_by_the_request_head(dialect_server: LiveServer) -> None:
+    """Any name reaches `/models/{name}`, so its cost is bounded by Hypercorn's limit on the request
+    head (one 64 KiB read): a 30 kB name is an unknown model, a 200 kB one a 431 before the app."""
+    body = b'{"inputs": "x"}'
+
+    def head(name: str) -> bytes:
+        return (
+            f"POST /models/{name} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+
+    def answer(name: str) -> bytes:
+        with socket.create_connection(("127.0.0.1", dialect_server.port), timeout=10) as sock:
+            sock.sendall(head(name) + body)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data
+
+    long_name, too_long = answer("a" * 30_000), answer("a" * 200_000)
+    assert long_name.startswith(b"HTTP/1.1 404"), long_name[:200]
+    assert b'"error_type":"Validation"' in long_name
+    assert too_long.startswith(b"HTTP/1.1 431"), too_long[:200]
+    with dialect_server.client() as client:
+        assert client.post("/embed", json={"inputs": "still serving"}).status_code == 200
