@@ -3,7 +3,7 @@ in-process (the ceiling), and sentence-transformers `encode`, all in one run.
 
     .venv/bin/python benchmarks/bench_backends.py [--requests-per-client N] [--short-inputs N]
         [--long-inputs N] [--repeats N] [--encoding-format base64|float] [--engines torch,onnx,...]
-        [--json OUT] [--quality-only] [--report OUT]
+        [--device cpu|cuda] [--json OUT] [--quality-only] [--report OUT]
 
 For each engine (torch, onnx, onnx int8, ctranslate2, ctranslate2 int8), with the engine loaded in
 this process and served by `infinity-server serve` (one model, a subprocess) at the same time:
@@ -28,6 +28,11 @@ sentence-transformers `encode(batch_size=32)` on the same inputs is the naive ba
 models are cached (the user's engine cache), so only the first run exports. The CPU's model and
 vector extensions, the load average and the hypervisor's steal time are printed with the figures:
 int8 speed depends on VNNI/AVX-512.
+
+`--device cuda` runs every engine on the GPU in its half-precision default (torch, onnx and
+ctranslate2 in float16, ctranslate2 int8 as int8_float16; onnx int8 is CPU only), with the
+server's GPU token budget per batch, and sentence-transformers in float16 on the GPU as the
+baseline; the GPU's name is printed with the figures.
 """
 
 from __future__ import annotations
@@ -58,8 +63,10 @@ ENGINES = {
     "ctranslate2": {"backend": "ctranslate2"},
     "ctranslate2-int8": {"backend": "ctranslate2", "quantize": "int8"},
 }
-#: The server's default token budget per batch on CPU (lifecycle._CPU_BATCH_TOKENS).
-BATCH_TOKENS = 1024
+#: The server's default token budget per batch (model_registry.parts._CPU/_GPU_BATCH_TOKENS).
+BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}
+#: Engines that run on CPUs only.
+CPU_ONLY = {"onnx-int8"}
 #: Seconds between idle single-sentence probes, over HTTP and in-process alike.
 IDLE_GAP = 0.02
 #: Seconds of quiet before each block of idle probes, and the probes of a block not counted.
@@ -72,13 +79,14 @@ STAGES = ("total", "tokenization", "queue", "inference")
 class Served:
     """`infinity-server serve` with one engine, as a subprocess, for the length of a `with`."""
 
-    def __init__(self, engine: dict[str, Any]) -> None:
+    def __init__(self, engine: dict[str, Any], device: str) -> None:
         self.engine = engine
+        self.device = device
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> Served:
-        model = {"name": MODEL, "source": SOURCE, "device": "cpu", "pin": True, **self.engine}
+        model = {"name": MODEL, "source": SOURCE, "device": self.device, "pin": True, **self.engine}
         self._workdir = tempfile.TemporaryDirectory()
         self.process = start_server({"models": [model]}, Path(self._workdir.name), self.port, timeout=900)
         return self
@@ -135,14 +143,9 @@ class Served:
 class InProcess:
     """The same adapter and engine in this process: the ceiling the server can reach."""
 
-    def __init__(self, engine: dict[str, Any]) -> None:
-        from model_registry.adapters import LoadOptions, create_adapter
-        from model_registry.config import ModelSpec
-
-        spec = ModelSpec.model_validate({"name": MODEL, "source": SOURCE, **engine})
-        self.adapter = create_adapter(spec)
-        backend, quantize = engine.get("backend", "torch"), engine.get("quantize", "none")
-        self.options = LoadOptions("cpu", "auto", BATCH_TOKENS, backend=backend, quantize=quantize)
+    def __init__(self, engine: dict[str, Any], device: str) -> None:
+        self.adapter, self.options = adapter_for(engine, device)
+        self.budget = BATCH_TOKENS[device]
 
     def __enter__(self) -> InProcess:
         self.adapter.load(self.options)
@@ -161,7 +164,7 @@ class InProcess:
         ordered = sorted(prepared, key=lambda p: p.cost)
         batch: list[Any] = []
         for item in [*ordered, None]:
-            if item is None or (batch and (len(batch) + 1) * item.cost > BATCH_TOKENS):
+            if item is None or (batch and (len(batch) + 1) * item.cost > self.budget):
                 if batch:
                     collated = self.adapter.collate(batch)
                     self.adapter.postprocess(collated, self.adapter.forward(collated))
@@ -182,6 +185,17 @@ class InProcess:
     def hot(self, probes: list[str]) -> float:
         """p50 ms of the same back to back: the engine with its threads awake."""
         return statistics.median([self.single(text) for text in probes][3:]) * 1e3
+
+
+def adapter_for(engine: dict[str, Any], device: str) -> tuple[Any, Any]:
+    """The bundled model's adapter for `engine` on `device` and the options to load it with."""
+    from model_registry.adapters import LoadOptions, create_adapter
+    from model_registry.config import ModelSpec
+
+    spec = ModelSpec.model_validate({"name": MODEL, "source": SOURCE, "device": device, **engine})
+    backend, quantize = engine.get("backend", "torch"), engine.get("quantize", "none")
+    options = LoadOptions(device, "auto", BATCH_TOKENS[device], backend=backend, quantize=quantize)
+    return create_adapter(spec), options
 
 
 def idle(server: Served, local: InProcess, probes: list[str], rounds: int = 5) -> dict[str, float]:
@@ -246,13 +260,18 @@ def steal() -> tuple[int, int]:
 
 
 def measure(
-    engine: dict[str, Any], work: dict[str, list[list[str]]], probes: list[str], repeats: int, encoding_format: str
+    engine: dict[str, Any],
+    work: dict[str, list[list[str]]],
+    probes: list[str],
+    repeats: int,
+    encoding_format: str,
+    device: str,
 ) -> dict[str, Any]:
     """In-process and over HTTP alternately, `repeats` times each, so both see the same machine;
     medians, with every run kept."""
     runs: dict[str, list[float]] = {}
     stolen, total = steal()
-    with InProcess(engine) as local, Served(engine) as server:
+    with InProcess(engine, device) as local, Served(engine, device) as server:
         server.warm(work)
         local.hot(probes[:8])
         local.throughput([requests[0][:64] for requests in work.values()])
@@ -270,22 +289,18 @@ def measure(
     return figures
 
 
-def quality(engine: dict[str, Any], reference: Any) -> dict[str, float]:
+def quality(engine: dict[str, Any], reference: Any, device: str) -> dict[str, float]:
     """STS-benchmark test sentences on `engine` against sentence-transformers fp32: mean and worst
     cosine, and the Spearman correlation with the gold scores (and its drop)."""
     import numpy as np
     from scipy.stats import spearmanr
 
-    from model_registry.adapters import LoadOptions, create_adapter
-    from model_registry.config import ModelSpec
     from model_registry.types import EmbedItem, Text
 
     rows = sts_rows()
     texts = sorted({s for a, b, _ in rows for s in (a, b)})
-    spec = ModelSpec.model_validate({"name": MODEL, "source": SOURCE, **engine})
-    adapter = create_adapter(spec)
-    backend, quantize = engine.get("backend", "torch"), engine.get("quantize", "none")
-    adapter.load(LoadOptions("cpu", "auto", BATCH_TOKENS, backend=backend, quantize=quantize))
+    adapter, options = adapter_for(engine, device)
+    adapter.load(options)
     vectors = []
     for i in range(0, len(texts), 64):
         collated = adapter.collate(adapter.prepare([EmbedItem(Text(t)) for t in texts[i : i + 64]]))
@@ -317,12 +332,14 @@ def sts_rows() -> list[tuple[str, str, float]]:
     return [(r["sentence1"], r["sentence2"], float(r["score"])) for r in rows if r.get("split") == "test"]
 
 
-def sentence_transformers(work: dict[str, list[list[str]]]) -> dict[str, float]:
+def sentence_transformers(work: dict[str, list[list[str]]], device: str) -> dict[str, float]:
     from sentence_transformers import SentenceTransformer
 
     from model_registry.sources import resolve_source
 
-    model = SentenceTransformer(str(resolve_source(SOURCE)), device="cpu")
+    model = SentenceTransformer(str(resolve_source(SOURCE)), device=device)
+    if device == "cuda":
+        model.half()  # the engines run in float16 on the GPU
     figures = {}
     for name, requests in work.items():
         texts = [t for request in requests for t in request]
@@ -348,7 +365,8 @@ def main() -> None:
         default="base64",
         help="how the bulk clients ask for vectors (the openai client asks for base64 by default)",
     )
-    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--engines", help="comma-separated (default: every engine the device runs)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--quality-only", action="store_true", help="only the STS-b quality of each engine")
     parser.add_argument("--report", type=Path, help="print the table of an earlier run's --json and stop")
@@ -356,6 +374,9 @@ def main() -> None:
     if args.report:
         print(report(json.loads(args.report.read_text())))
         return
+    engines = (
+        args.engines.split(",") if args.engines else [e for e in ENGINES if args.device == "cpu" or e not in CPU_ONLY]
+    )
     rng = random.Random(0)
     short = sentences()
     docs = long_documents(short, 1024, rng)
@@ -371,18 +392,20 @@ def main() -> None:
         from model_registry.sources import resolve_source
 
         reference = SentenceTransformer(str(resolve_source(SOURCE)), device="cpu")
-        for name in args.engines.split(","):
-            print(name, json.dumps(quality(ENGINES[name], reference)), flush=True)
+        for name in engines:
+            print(name, json.dumps(quality(ENGINES[name], reference, args.device)), flush=True)
         return
     results: dict[str, Any] = {
         "cpu": cpu(),
+        "device": args.device,
+        "gpu": gpu() if args.device == "cuda" else None,
         "encoding_format": args.encoding_format,
         "load_average_before": os.getloadavg(),
     }
-    results["sentence-transformers"] = sentence_transformers(work) if args.repeats else {}
+    results["sentence-transformers"] = sentence_transformers(work, args.device) if args.repeats else {}
     print("sentence-transformers", json.dumps(results["sentence-transformers"]), flush=True)
-    for name in args.engines.split(","):
-        results[name] = measure(ENGINES[name], work, probes, args.repeats, args.encoding_format)
+    for name in engines:
+        results[name] = measure(ENGINES[name], work, probes, args.repeats, args.encoding_format, args.device)
         print(name, json.dumps(results[name]), flush=True)
     results["load_average_after"] = os.getloadavg()
     print(report(results))
@@ -402,6 +425,13 @@ def cpu() -> str:
     return f"{model} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"
 
 
+def gpu() -> str:
+    """The GPU's name and the CUDA version torch was built with."""
+    import torch
+
+    return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}, torch {torch.__version__})"
+
+
 def paired_ratio(runs: dict[str, list[float]], work: str) -> float:
     """The median of server / in-process over each repeat's pair of runs (taken one after the
     other), which a slow drift of the machine during the block moves less than a ratio of medians."""
@@ -413,6 +443,7 @@ def report(results: dict[str, Any]) -> str:
     st = results["sentence-transformers"]
     lines = [
         f"CPU: {results['cpu']}; bulk responses as {results['encoding_format']}",
+        *([f"GPU: {results['gpu']}; every engine in its half-precision default"] if results.get("gpu") else []),
         "",
         "| engine | short: server | in-process | server/in-process (paired) | x s-t | long: server | in-process "
         "| server/in-process (paired) | x s-t | steal % |",

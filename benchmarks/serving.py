@@ -34,13 +34,16 @@ def start_server(
     server = {"host": "127.0.0.1", "port": port, "log_level": "warning", **config.get("server", {})}
     path = workdir / "config.yaml"
     path.write_text(json.dumps({**config, "server": server}))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "false"}
+    python_path = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": python_path, "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "infinity_server.cli", "serve", "--config", str(path)]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pin)
+    log = workdir / "server.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=sink, preexec_fn=pin)
     deadline = time.monotonic() + timeout
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and process.poll() is None:
             try:
                 if client.get("/ready").status_code == 200:
                     return process
@@ -48,4 +51,6 @@ def start_server(
                 pass
             time.sleep(0.3)
     process.kill()
-    raise RuntimeError("the server did not become ready")
+    process.wait()
+    tail = log.read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"the server did not become ready; the end of its log:\n{tail}")

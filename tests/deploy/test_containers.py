@@ -50,6 +50,20 @@ def test_there_is_a_cpu_and_a_cuda_image() -> None:
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:\S+-runtime-", (CONTAINERS / "Dockerfile.cuda").read_text(), re.M)
 
 
+def test_the_cuda_image_takes_the_onnx_runtime_built_for_its_cuda_release() -> None:
+    """onnxruntime-gpu's wheels up to 1.26 are built for CUDA 12 and from 1.27 for CUDA 13 (their
+    `nvidia-cuda-runtime` requirements); one built for another CUDA release than the base image's
+    cannot start its CUDA provider."""
+    text = (CONTAINERS / "Dockerfile.cuda").read_text()
+    base = re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:(\d+)\.", text, re.M)
+    constraint = re.search(r'^ARG PIP_CONSTRAINTS="([^"]*)"', text, re.M)
+    assert base is not None
+    assert constraint is not None
+    expected = {"12": "onnxruntime-gpu<1.27", "13": "onnxruntime-gpu>=1.27"}[base.group(1)]
+    assert expected in constraint.group(1).split()
+    assert re.search(r"pip install [^\n]*--constraint /tmp/constraints.txt \"\.\[\$\{EXTRAS\}\]\"", text)
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
 def test_hadolint_passes_with_no_finding(dockerfile: Path) -> None:
     done = subprocess.run(

@@ -68,5 +68,59 @@ def test_auto_prefers_the_fastest_measured_engine_and_says_why() -> None:
     assert cpu.reason.startswith("auto:")
     assert choose("m", "auto", "int8", "dense", bert, cuda=False).backend == "onnx"
     assert choose("m", "auto", "none", "image_text", {"model_type": "clip"}, cuda=False).backend == "torch"
-    assert choose("m", "auto", "none", "dense", bert, cuda=True).backend == "torch"
     assert choose("m", "onnx", "none", "dense", bert, cuda=False).reason == "configured"
+
+
+def test_auto_on_cuda_takes_onnx_runtime_where_its_cuda_build_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from model_registry.backends import choice
+
+    bert = {"model_type": "bert"}
+    monkeypatch.setattr(choice, "onnx_runs_on_cuda", lambda: False)
+    without = choose("m", "auto", "none", "dense", bert, cuda=True)
+    assert without.backend == "torch"
+    assert "pip install 'infinity-server[onnx-gpu]'" in without.reason
+    monkeypatch.setattr(choice, "onnx_runs_on_cuda", lambda: True)
+    dense = choose("m", "auto", "none", "dense", bert, cuda=True)
+    assert (dense.backend, dense.reason) == (
+        "onnx",
+        "auto: lowest measured latency for dense 'bert' on CUDA in float16",
+    )
+    assert choose("m", "auto", "none", "sparse", bert, cuda=True).backend == "onnx"
+    assert "float32" in choose("m", "auto", "none", "dense", bert, cuda=True, dtype="float32").reason
+    assert choose("m", "auto", "none", "dense", bert, cuda=True, dtype="bfloat16").backend == "torch"
+    assert choose("m", "auto", "none", "image_text", {"model_type": "clip"}, cuda=True).backend == "torch"
+    assert choose("m", "auto", "none", "dense", {"model_type": "qwen2"}, cuda=True).backend == "torch"
+    if choice.installed("ctranslate2"):
+        int8 = choose("m", "auto", "int8", "dense", bert, cuda=True)
+        assert (int8.backend, int8.reason.endswith("on CUDA in int8_float16")) == ("ctranslate2", True)
+    with pytest.raises(ValueError, match="set quantize: none"):
+        choose("m", "auto", "int8", "sparse", bert, cuda=True)  # no engine runs SPLADE in int8 on CUDA
+
+
+def test_an_onnx_model_meant_for_cuda_never_runs_on_the_cpu_unseen(tmp_path: Path) -> None:
+    """onnxruntime starts a session on the CPU, with a warning, when its CUDA provider cannot
+    load. Here the CPU-only onnxruntime claims a CUDA provider, so the engine asks for it and
+    gets the CPU: the load must fail, saying so, and not serve a "cuda" model from the CPU."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from model_registry.backends.base import EngineOptions
+    from model_registry.backends.onnx import CudaProviderFailed, OnnxEngine
+    from model_registry.errors import ModelUnavailable
+    from tests.builders.text import tiny_bert
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has a real CUDA provider")
+    bert = tiny_bert(tmp_path / "bert")
+    real = ort.get_available_providers()
+    engine = OnnxEngine()
+    options = EngineOptions(device="cuda", cache_dir=str(tmp_path / "cache"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real])
+        with (
+            pytest.warns(UserWarning, match="CUDAExecutionProvider"),
+            pytest.raises(CudaProviderFailed, match="could not start its CUDA provider on cuda:0") as caught,
+        ):
+            engine.load(bert, options)
+    assert isinstance(caught.value, ModelUnavailable)
+    assert "device: cpu" in str(caught.value)
+    assert len(list((tmp_path / "cache").rglob("model.onnx"))) == 1  # the artifact was kept, not rebuilt

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from model_registry.adapters import LoadOptions, create_adapter
 from model_registry.config import ModelSpec
 from model_registry.memory import CudaReading, load_and_measure, release, weight_bytes
+from model_registry.types import Result
 from tests.builders.text import tiny_bert
+from tests.engines.families import FAMILIES
 from tests.engines.helpers import embed_items, load, max_difference, run
 
 pytestmark = pytest.mark.gpu
@@ -79,3 +82,55 @@ def test_cuda_engines_are_charged_the_device_memory_they_take_and_give_it_back(
     assert measured >= weight_bytes(bert) // 2  # float16 weights at the least; torch's figures see none of it
     assert loaded.used - before.used <= measured  # what it holds after the warm-up is all charged
     assert after.used - before.used <= max(measured // 10, 4 << 20)  # and unloading gives it back
+
+
+def numbers(result: Result) -> list[np.ndarray]:
+    """Every output but the sparse weights, as arrays, in a fixed order."""
+    found = []
+    for name in ("dense", "multivector", "logits", "value", "logit"):
+        value = getattr(result, name, None)
+        if value is not None:
+            found.append(np.atleast_1d(np.asarray(value, dtype=np.float64)))
+    return found
+
+
+def half_difference(left: list[Result], right: list[Result]) -> float:
+    """The largest difference between two result lists relative to the reference's scale (logits
+    and sparse weights are not unit-length). Sparse outputs are compared as a weight per token: in
+    half precision a weight near zero may fall on either side of it."""
+    worst = 0.0
+    for a, b in zip(left, right, strict=True):
+        sparse_a, sparse_b = getattr(a, "sparse", None), getattr(b, "sparse", None)
+        assert (sparse_a is None) == (sparse_b is None), f"{a} and {b} carry different outputs"
+        if sparse_a is not None and sparse_b is not None:
+            ours = dict(zip(map(int, sparse_a.indices), map(float, sparse_a.values), strict=True))
+            theirs = dict(zip(map(int, sparse_b.indices), map(float, sparse_b.values), strict=True))
+            scale = max([1.0, *map(abs, theirs.values())])
+            worst = max([worst, *(abs(ours.get(k, 0.0) - theirs.get(k, 0.0)) / scale for k in ours.keys() | theirs)])
+        xs, ys = numbers(a), numbers(b)
+        assert len(xs) == len(ys), f"{a} and {b} carry different outputs"
+        for x, y in zip(xs, ys, strict=True):
+            assert x.shape == y.shape, f"{a} and {b} differ in shape"
+            worst = max(worst, float(np.abs(x - y).max(initial=0.0)) / max(1.0, float(np.abs(y).max(initial=0.0))))
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("family", "engine"), [(family, engine) for family, spec in FAMILIES.items() for engine in spec[3]]
+)
+def test_every_family_on_a_cuda_engine_matches_torch_in_half_precision(
+    tmp_path: Path, family: str, engine: str
+) -> None:
+    """What `backend: auto` may choose on CUDA, family by family: the engine in float16 against
+    torch in float32 on the CPU, batched and one by one."""
+    cuda_for(engine)
+    build, kind, items, _ = FAMILIES[family]
+    model = build(tmp_path / family)
+    reference = run(load(model, "torch", tmp_path, kind=kind, device="cpu"), items())
+    adapter = load(model, engine, tmp_path, kind=kind, device="cuda", dtype="float16")
+    assert adapter.backend == engine
+    batched = run(adapter, items())
+    assert half_difference(batched, reference) <= 2e-2, f"{family} on {engine} differs from torch"
+    single = [run(adapter, [item])[0] for item in items()]
+    assert half_difference(single, batched) <= 2e-2, f"{family} on {engine}: batched differs from single"
+    adapter.unload()

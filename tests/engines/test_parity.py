@@ -7,42 +7,17 @@ items run one by one on every engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from model_registry.types import Item, Output
-from tests.builders.text import tiny_bert
-from tests.builders.zoo import tiny_bge_m3, tiny_colbert, tiny_cross_encoder, tiny_masked_lm, tiny_xlmr_cross_encoder
-from tests.engines.helpers import classify_items, embed_items, load, max_difference, pair_items, run
+from tests.engines.families import FAMILIES
+from tests.engines.helpers import load, max_difference, run
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ctranslate2")
 
 TOLERANCE = 1e-4
-ALL = frozenset(Output)
-
-
-def _colbert_items() -> list[Item]:
-    return embed_items(frozenset({Output.MULTIVECTOR})) + embed_items(frozenset({Output.MULTIVECTOR}), query=True)
-
-
-#: family -> (builder, kind, items, engines beside torch)
-FAMILIES: dict[str, tuple[Callable[[Path], Path], str, Callable[[], list[Item]], tuple[str, ...]]] = {
-    "dense": (tiny_bert, "auto", embed_items, ("onnx", "ctranslate2")),
-    "reranker": (tiny_cross_encoder, "reranker", pair_items, ("onnx", "ctranslate2")),
-    "xlmr-reranker": (tiny_xlmr_cross_encoder, "reranker", pair_items, ("onnx", "ctranslate2")),
-    "classifier": (
-        lambda root: tiny_cross_encoder(root, labels=3),
-        "classifier",
-        classify_items,
-        ("onnx", "ctranslate2"),
-    ),
-    "splade": (tiny_masked_lm, "sparse", lambda: embed_items(frozenset({Output.SPARSE})), ("onnx",)),
-    "colbert": (tiny_colbert, "auto", _colbert_items, ("onnx",)),
-    "bge-m3": (tiny_bge_m3, "auto", lambda: embed_items(ALL), ("onnx",)),
-}
 CELLS = [(family, engine) for family, spec in FAMILIES.items() for engine in spec[3]]
 
 

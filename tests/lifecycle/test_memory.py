@@ -127,10 +127,23 @@ def test_cuda_memory_returns_to_the_baseline_after_unload() -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
 
+    def without_cublas_workspaces() -> int:
+        """Bytes allocated once torch's cuBLAS workspaces are freed. torch keeps one (32 MiB on a
+        Hopper GPU) for each thread that ran a matrix product, for the life of the process: the
+        model's load and forward threads leave theirs, which are not the model's memory. Freeing
+        them is safe here, with no product in flight on any thread."""
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            torch.cuda.synchronize()
+            clear()
+        return int(torch.cuda.memory_allocated())
+
     async def scenario() -> None:
         config = {"models": [{**BUNDLED, "device": "cuda", "max_batch_tokens": 8192}]}
         async with Registry.from_config(config) as registry:
-            baseline = torch.cuda.memory_allocated()
+            baseline = without_cublas_workspaces()
+            torch.cuda.empty_cache()
+            slack = torch.cuda.memory_reserved() - baseline  # cached beyond what is allocated
             await registry.embed("minilm", TEXTS)
             loaded = torch.cuda.memory_allocated()
             footprint = registry.info("minilm").footprint_bytes
@@ -138,7 +151,8 @@ def test_cuda_memory_returns_to_the_baseline_after_unload() -> None:
             assert loaded - baseline >= 40 * MIB  # fp16 weights of 22M parameters
             assert footprint is not None
             assert footprint > loaded - baseline  # plus the warm-up's peak working memory
-            assert torch.cuda.memory_allocated() == baseline
-            assert torch.cuda.memory_reserved() <= baseline + 2 * MIB  # the cache was emptied
+            # The unload emptied the cache: what stays reserved is in use.
+            assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= slack + 2 * MIB
+            assert without_cublas_workspaces() == baseline
 
     asyncio.run(scenario())

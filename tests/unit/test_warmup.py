@@ -71,10 +71,12 @@ def test_cuda_footprint_of_every_kind_covers_its_weights_and_its_worst_batch(kin
     root = build(tmp_path / kind)
     adapter = create_adapter(ModelSpec(name=kind, source=str(root)))
     options = LoadOptions(device="cuda", dtype="float32", max_batch_tokens=BUDGET)
+    # Not zero after an earlier test: torch keeps a cuBLAS workspace per thread for the process.
+    before = torch.cuda.memory_allocated()
     measured = load_and_measure(adapter, options, "cuda:0")
     try:
-        weights = torch.cuda.memory_allocated()
+        held = torch.cuda.memory_allocated() - before
         assert measured > weight_bytes(root)
-        assert measured >= weights  # the peak of the warm-up is above the weights alone
+        assert measured >= held  # the peak of the warm-up is above what the loaded model holds
     finally:
         adapter.unload()

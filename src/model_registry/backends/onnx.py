@@ -49,6 +49,31 @@ def _has_output(path: Path, output: str) -> bool:
     return output in {o.name for o in session.get_outputs()}
 
 
+class CudaProviderFailed(ModelUnavailable):
+    """The CUDA provider was asked for and onnxruntime ran the session on the CPU instead."""
+
+
+_preloaded = False
+
+
+def _preload_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries of the `nvidia-*` wheels (or torch's, when torch is
+    imported) before the first CUDA session, as onnxruntime-gpu documents: its CUDA provider finds
+    them only on the loader's path otherwise. Once per process; where the function is missing
+    (onnxruntime < 1.21), the loader's path is all there is."""
+    global _preloaded
+    if _preloaded:
+        return
+    _preloaded = True
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    try:
+        preload()
+    except Exception as error:  # a library it could not find: the session's own check says what is missing
+        log.warning("onnxruntime could not preload the CUDA libraries: %s", error)
+
+
 def resolve_device(requested: str) -> str:
     cuda = "CUDAExecutionProvider" in ort.get_available_providers()
     if requested == "auto":
@@ -94,6 +119,8 @@ class OnnxEngine(Engine):
             before = psutil.Process().memory_info().rss  # after the export: only what loading adds
             try:
                 self.session = self._session(self.path, options)
+            except CudaProviderFailed:
+                raise  # the artifact is fine; the device's libraries are not
             except Exception as error:
                 log.warning("the cached ONNX model %s failed to load (%s); rebuilding it", self.path, error)
                 invalidate(self.path.parent)
@@ -115,11 +142,21 @@ class OnnxEngine(Engine):
         # bundled MiniLM over HTTP: single-sentence p50 14-18 ms without spinning, 17-26 ms with it).
         settings.add_session_config_entry("session.intra_op.allow_spinning", "0")
         settings.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        providers: list[Any] = ["CPUExecutionProvider"]
-        if self.device.startswith("cuda"):
-            index = int(self.device.partition(":")[2] or 0)
-            providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
-        return ort.InferenceSession(str(path), settings, providers=providers)
+        if not self.device.startswith("cuda"):
+            return ort.InferenceSession(str(path), settings, providers=["CPUExecutionProvider"])
+        _preload_cuda_libraries()
+        index = int(self.device.partition(":")[2] or 0)
+        providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+        session = ort.InferenceSession(str(path), settings, providers=providers)
+        if "CUDAExecutionProvider" not in session.get_providers():
+            # onnxruntime falls back to the CPU when its CUDA provider cannot start (a missing
+            # CUDA or cuDNN library): a model asked to run on the GPU must not run on the CPU unseen.
+            raise CudaProviderFailed(
+                f"onnxruntime could not start its CUDA provider on {self.device} (its CUDA and cuDNN "
+                "libraries were not found); pip install 'onnxruntime-gpu[cuda,cudnn]' or put them on "
+                "LD_LIBRARY_PATH, or run this model on device: cpu"
+            )
+        return session
 
     def run(self, batch: EncoderBatch) -> EncoderOutput:
         assert self.session is not None, "This is a bug: run() called before load()"
