@@ -124,3 +124,36 @@ def test_an_onnx_model_meant_for_cuda_never_runs_on_the_cpu_unseen(tmp_path: Pat
     assert isinstance(caught.value, ModelUnavailable)
     assert "device: cpu" in str(caught.value)
     assert len(list((tmp_path / "cache").rglob("model.onnx"))) == 1  # the artifact was kept, not rebuilt
+
+
+def test_the_cuda_libraries_are_preloaded_once_and_a_second_load_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two models loading at once on CUDA: the libraries are loaded once, and neither creates its
+    session before they are (a session made meanwhile would find no CUDA provider)."""
+    import threading
+    import time
+
+    ort = pytest.importorskip("onnxruntime")
+    from model_registry.backends import onnx
+
+    calls: list[float] = []
+
+    def slow_preload() -> None:
+        calls.append(time.monotonic())
+        time.sleep(0.3)
+
+    monkeypatch.setattr(onnx, "_preloaded", False)
+    monkeypatch.setattr(ort, "preload_dlls", slow_preload, raising=False)
+    returned: list[float] = []
+
+    def load() -> None:
+        onnx._preload_cuda_libraries()
+        returned.append(time.monotonic())
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(calls) == 1
+    assert len(returned) == 2
+    assert min(returned) >= calls[0] + 0.3

@@ -10,6 +10,7 @@ to float16 and runs on the CUDA execution provider with IO binding.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -53,25 +54,28 @@ class CudaProviderFailed(ModelUnavailable):
     """The CUDA provider was asked for and onnxruntime ran the session on the CPU instead."""
 
 
+_preload_lock = threading.Lock()
 _preloaded = False
 
 
 def _preload_cuda_libraries() -> None:
     """Load the CUDA and cuDNN libraries of the `nvidia-*` wheels (or torch's, when torch is
     imported) before the first CUDA session, as onnxruntime-gpu documents: its CUDA provider finds
-    them only on the loader's path otherwise. Once per process; where the function is missing
-    (onnxruntime < 1.21), the loader's path is all there is."""
+    them only on the loader's path otherwise. Once per process, and a model loading on another
+    thread meanwhile waits for it; where the function is missing (onnxruntime < 1.21), the
+    loader's path is all there is."""
     global _preloaded
-    if _preloaded:
-        return
-    _preloaded = True
-    preload = getattr(ort, "preload_dlls", None)
-    if preload is None:
-        return
-    try:
-        preload()
-    except Exception as error:  # a library it could not find: the session's own check says what is missing
-        log.warning("onnxruntime could not preload the CUDA libraries: %s", error)
+    with _preload_lock:
+        if _preloaded:
+            return
+        _preloaded = True
+        preload = getattr(ort, "preload_dlls", None)
+        if preload is None:
+            return
+        try:
+            preload()
+        except Exception as error:  # a library it could not find: the session's check says what is missing
+            log.warning("onnxruntime could not preload the CUDA libraries: %s", error)
 
 
 def resolve_device(requested: str) -> str:
