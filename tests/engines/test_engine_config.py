@@ -157,3 +157,25 @@ def test_the_cuda_libraries_are_preloaded_once_and_a_second_load_waits_for_it(mo
     assert len(calls) == 1
     assert len(returned) == 2
     assert min(returned) >= calls[0] + 0.3
+
+
+def test_device_auto_is_the_cpu_for_onnx_runtime_s_cuda_build_on_a_machine_without_a_gpu(tmp_path: Path) -> None:
+    """onnxruntime-gpu lists its CUDA provider on a machine with no GPU too (one image for both kinds
+    of node): `device: auto` must still mean the CPU there, as it does for the memory accounting,
+    and the model must load and serve in float32 (not fail looking for a GPU)."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from model_registry.memory import cuda_available
+    from tests.builders.text import tiny_bert
+    from tests.engines.helpers import embed_items, load, run
+
+    if cuda_available():
+        pytest.skip("this machine has a GPU")
+    real = ort.get_available_providers()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real])
+        adapter = load(tiny_bert(tmp_path / "bert"), "onnx", tmp_path / "cache", device="auto")
+    assert str(getattr(adapter, "device", "")) == "cpu"
+    assert adapter.describe()["engine"]["precision"] == "float32"
+    assert len(run(adapter, embed_items())) == len(embed_items())
+    adapter.unload()

@@ -109,10 +109,12 @@ class TextEncoder(Adapter):
             directory, max_length=self.layout.max_length, config=config, do_lower_case=self.layout.do_lower_case
         )
         self.max_length = self.tokenizer.max_length
-        cuda = backend.resolve_device(options.device).startswith("cuda")
-        self.choice = engine_for(str(self.layout.root), options, self.layout, cuda)
+        device = backend.resolve_device(options.device)
+        self.choice = engine_for(str(self.layout.root), options, self.layout, device.startswith("cuda"))
         engine = create_engine(self.choice.backend)
-        engine.load(directory, self.engine_options(options))
+        # The device as resolved here, which the engine choice and the memory accounting also use:
+        # onnxruntime's CUDA build lists its provider on a machine without a GPU too.
+        engine.load(directory, self.engine_options(options, device))
         self.engine, self.backend = engine, engine.name
         self.device, self.dtype = engine.device, engine.dtype
         if isinstance(engine, backend.TorchEngine):
@@ -121,10 +123,10 @@ class TextEncoder(Adapter):
         working = backend.activation_estimate(config, options.max_batch_tokens, self.max_length, torch.float32)
         self._footprint = engine.footprint() + working
 
-    def engine_options(self, options: LoadOptions) -> EngineOptions:
+    def engine_options(self, options: LoadOptions, device: str) -> EngineOptions:
         return EngineOptions(
             task=self.task,
-            device=options.device,
+            device=device,
             dtype=options.dtype,
             quantize=options.quantize,
             threads=options.threads,
