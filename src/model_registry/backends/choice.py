@@ -111,18 +111,20 @@ def choose(
         check_model(name, backend, quantize, kind, config)
         return Choice(backend, "configured")
     model_type = str(config.get("model_type", "unknown"))
+    onnx_on_cuda = cuda and quantize != "int8" and onnx_runs_on_cuda()
     if not cuda:
         candidates = ["onnx", "ctranslate2"]
     elif quantize == "int8":
         candidates = ["ctranslate2"]
     else:
-        candidates = ["onnx"] if onnx_runs_on_cuda() else []
+        candidates = ["onnx"] if onnx_on_cuda else []
     for engine in candidates:
         fits = kind in FAMILIES[engine] and model_type in ARCHITECTURES[engine] and dtype in DTYPES[engine]
         if fits and installed(engine):
-            precision = "int8" if quantize == "int8" else "fp32"
             if cuda:
                 precision = "int8_float16" if quantize == "int8" else "float32" if dtype == "float32" else "float16"
+            else:
+                precision = "int8" if quantize == "int8" else "fp32"
             why = "lowest measured latency" if engine == "onnx" else "the measured engine that serves it"
             where = "CUDA" if cuda else "CPU"
             return Choice(engine, f"auto: {why} for {kind} '{model_type}' on {where} in {precision}")
@@ -135,7 +137,7 @@ def choose(
     if cuda:
         why = (
             f"no faster engine serves {kind} '{model_type}' on CUDA"
-            if onnx_runs_on_cuda()
+            if onnx_on_cuda
             else "onnxruntime's CUDA build is not installed (pip install 'infinity-server[onnx-gpu]')"
         )
     else:
