@@ -1,40 +1,54 @@
 """What the server's batches look like under a bulk load: how many, how full, how busy the forward
-thread is, read from its own `/metrics`.
+thread is, and how long the garbage collector stopped the server, read from its own `/metrics`.
 
     .venv/bin/python benchmarks/bench_batches.py [--device cpu|cuda] [--engines torch,onnx,...]
-        [--clients 4,16] [--requests 64] [--inputs 256]
+        [--clients 4,16] [--requests 64] [--inputs 256] [--stand-in SECONDS_PER_TOKEN]
+        [--freeze on|off|both] [--rounds 1]
 
 For each engine, the bundled all-MiniLM-L6-v2 served by `infinity-server serve` (a subprocess) and
 the same engine in-process (bench_backends' `InProcess`, the ceiling): `--requests` requests of
 `--inputs` short STS-benchmark sentences from each number of concurrent clients, with `/metrics`
-read before and after. Reported per run: inputs/s, the batches run, items per batch, the mean
-batch fill (cost over the token budget), the forward thread's busy share of the wall time (the sum
-of `infinity_batch_seconds` over the run's length) and the per-request stage sums.
+read before and after. Reported per run: inputs/s and its ratio to the in-process figure, the
+batches run, items per batch, the mean batch fill (cost over the token budget), the forward
+thread's busy share of the wall time (the sum of `infinity_batch_seconds` over the run's length),
+the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request stage sums.
+
+`--stand-in S` runs the ONNX Runtime engine as a stand-in for a fast device (`standin.py`): S
+seconds per padded token with the interpreter lock released, in the server and in-process alike,
+with the GPU's token budget per batch. `--freeze off` runs the server with `gc.freeze` disabled
+(as before `model_registry.heap`), `both` alternates the two `--rounds` times.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import re
+import statistics
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+import bench_backends
 from bench_backends import ENGINES, InProcess, Served
 from bench_embeddings import bulk, sentences
 
+HERE = Path(__file__).resolve().parent
+
 
 def scrape(url: str) -> dict[str, float]:
-    """The counters, histogram sums and counts of `/metrics`, stage sums keyed `name:stage`."""
+    """The counters, histogram sums and counts of `/metrics`; stage and generation sums keyed
+    `name:stage` and `name:generation`."""
     found: dict[str, float] = {}
     for line in httpx.get(url + "/metrics").text.splitlines():
         match = re.match(r"(infinity_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
         if not match or not match.group(1).endswith(("_total", "_sum", "_count")):
             continue
-        stage = re.search(r'stage="(\w+)"', match.group(2) or "")
-        key = match.group(1) + (":" + stage.group(1) if stage else "")
+        label = re.search(r'(?:stage|generation)="(\w+)"', match.group(2) or "")
+        key = match.group(1) + (":" + label.group(1) if label else "")
         found[key] = found.get(key, 0.0) + float(match.group(3))
     return found
 
@@ -53,12 +67,26 @@ def run(server: Served, requests: list[list[str]], clients: int) -> dict[str, An
         "items_per_batch": delta.get("infinity_batch_items_total", 0.0) / max(batches, 1.0),
         "fill": delta.get("infinity_batch_fill_sum", 0.0) / max(batches, 1.0),
         "forward_busy": busy / result.seconds,
+        "gc_pauses": {
+            g: (
+                delta.get(f"infinity_gc_pause_seconds_count:{g}", 0.0),
+                delta.get(f"infinity_gc_pause_seconds_sum:{g}", 0.0),
+            )
+            for g in "012"
+        },
         "stage_sums_s": {
             key.split(":")[1]: round(value, 3)
             for key, value in delta.items()
             if key.startswith("infinity_stage_seconds_sum:")
         },
     }
+
+
+def serving(engine: dict[str, Any], device: str, freeze: bool) -> Served:
+    os.environ.pop("BENCH_WITHOUT_FREEZE", None)
+    if not freeze:
+        os.environ["BENCH_WITHOUT_FREEZE"] = "1"
+    return Served(engine, device)
 
 
 def main() -> None:
@@ -68,24 +96,49 @@ def main() -> None:
     parser.add_argument("--clients", default="4,16")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--inputs", type=int, default=256)
+    parser.add_argument("--stand-in", type=float, metavar="SECONDS_PER_TOKEN", help="a fast device's stand-in")
+    parser.add_argument("--freeze", choices=("on", "off", "both"), default="on")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each server (alternating with --freeze both)")
     args = parser.parse_args()
     rng = random.Random(0)
     short = sentences()
     requests = [rng.sample(short, args.inputs) for _ in range(args.requests)]
-    for name in args.engines.split(","):
-        engine = ENGINES[name]
-        with Served(engine, args.device) as server, InProcess(engine, args.device) as local:
-            asyncio.run(bulk(server.url, "warm", requests[:8], clients=1, encoding_format="base64"))
+    # The server imports the hooks (hooks/sitecustomize.py, which imports standin.py) at start.
+    paths = [str(HERE / "hooks"), str(HERE), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    engines = args.engines.split(",")
+    if args.stand_in is not None:
+        import standin
+
+        standin.stand_in(args.stand_in)
+        os.environ["BENCH_STAND_IN"] = repr(args.stand_in)
+        bench_backends.BATCH_TOKENS[args.device] = bench_backends.BATCH_TOKENS["cuda"]
+        engines = ["onnx"]
+    freezes = {"on": [True], "off": [False], "both": [True, False]}[args.freeze]
+    for name in engines:
+        engine = {**ENGINES[name], "max_batch_tokens": bench_backends.BATCH_TOKENS[args.device]}
+        with InProcess(engine, args.device) as local:
             local.throughput(requests[:4])
-            print(f"{name}: in-process {[round(local.throughput(requests)) for _ in range(2)]} inputs/s", flush=True)
-            for clients in (int(c) for c in args.clients.split(",")):
-                figures = run(server, requests, clients)
-                print(
-                    f"  {clients} clients: {figures['inputs_per_s']:.0f} inputs/s, {figures['batches']:.0f} batches "
-                    f"of {figures['items_per_batch']:.0f} items, fill {figures['fill']:.2f}, forward thread busy "
-                    f"{100 * figures['forward_busy']:.0f}%, per-request stage sums {figures['stage_sums_s']}",
-                    flush=True,
-                )
+            ceiling = statistics.median(local.throughput(requests) for _ in range(3))
+            print(f"{name}: in-process {ceiling:.0f} inputs/s (median of 3)", flush=True)
+        for round_ in range(args.rounds):
+            for freeze in freezes:
+                with serving(engine, args.device, freeze) as server:
+                    asyncio.run(bulk(server.url, "warm", requests[:8], clients=1, encoding_format="base64"))
+                    for clients in (int(c) for c in args.clients.split(",")):
+                        figures = run(server, requests, clients)
+                        pauses = ", ".join(
+                            f"gen {g}: {n:.0f} in {1e3 * seconds:.0f} ms"
+                            for g, (n, seconds) in figures["gc_pauses"].items()
+                        )
+                        print(
+                            f"  round {round_ + 1}, freeze {'on' if freeze else 'off'}, {clients} clients: "
+                            f"{figures['inputs_per_s']:.0f} inputs/s ({figures['inputs_per_s'] / ceiling:.2f} of "
+                            f"in-process), {figures['batches']:.0f} batches of {figures['items_per_batch']:.0f} items, "
+                            f"fill {figures['fill']:.2f}, forward thread busy {100 * figures['forward_busy']:.0f}%, "
+                            f"collector pauses {pauses}; per-request stage sums {figures['stage_sums_s']}",
+                            flush=True,
+                        )
 
 
 if __name__ == "__main__":

@@ -83,11 +83,12 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await engine.start()
-        try:
-            yield
-        finally:
-            await engine.stop()
+        with metrics.watching_the_collector():
+            await engine.start()
+            try:
+                yield
+            finally:
+                await engine.stop()
 
     app = Starlette(
         routes=ROUTES,

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import gc
+import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model_registry import Registry
@@ -17,6 +23,7 @@ from model_registry.worker import BatchStats
 _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 _STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 def stage_seconds(times: StageTimes) -> dict[str, float]:
@@ -29,9 +36,44 @@ def stage_seconds(times: StageTimes) -> dict[str, float]:
     }
 
 
+class CollectorPauses:
+    """The garbage collector's pauses by generation, as the histogram `infinity_gc_pause_seconds`.
+
+    A collection holds the interpreter lock: every thread of the server waits for it, the event
+    loop and every model's workers. Counted by a `gc.callbacks` hook in plain lists, without a
+    lock (a collection can start inside any locked section, a scrape's included, and the hook runs
+    on that same thread), and read at scrape time.
+    """
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._counts = [[0] * (len(_PAUSE_BUCKETS) + 1) for _ in range(3)]  # per generation; the last is +Inf
+        self._sums = [0.0] * 3
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        seconds, generation = time.perf_counter() - self._started, info["generation"]
+        self._counts[generation][bisect.bisect_left(_PAUSE_BUCKETS, seconds)] += 1
+        self._sums[generation] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "infinity_gc_pause_seconds", "Garbage collector pauses, which stop every thread", labels=["generation"]
+        )
+        for generation, counts in enumerate(self._counts):
+            cumulative = list(itertools.accumulate(counts))
+            buckets = [(str(b), float(c)) for b, c in zip(_PAUSE_BUCKETS, cumulative, strict=False)]
+            family.add_metric([str(generation)], [*buckets, ("+Inf", float(cumulative[-1]))], self._sums[generation])
+        yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.collector_pauses = CollectorPauses()
+        self.registry.register(self.collector_pauses)
         self.requests = Counter(
             "infinity_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
         )
@@ -95,6 +137,15 @@ class Metrics:
         self.footprint = Gauge(
             "infinity_model_footprint_bytes", "Bytes a loaded model holds", ["model"], registry=self.registry
         )
+
+    @contextlib.contextmanager
+    def watching_the_collector(self) -> Iterator[None]:
+        """Count the garbage collector's pauses while inside (the server's lifespan)."""
+        gc.callbacks.append(self.collector_pauses)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self.collector_pauses)
 
     def on_batch(self, stats: BatchStats) -> None:
         self.batches.labels(stats.model, "failed" if stats.failed else "ok").inc()

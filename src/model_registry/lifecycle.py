@@ -31,12 +31,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
-from model_registry import memory
+from model_registry import heap, memory
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
 from model_registry.config import RegistryConfig
 from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
 from model_registry.handles import DeviceUsage, EventKind, Lease, LifecycleEvent, ModelHandle
-from model_registry.parts import assemble, batch_tokens, memory_device_of, release, release_quietly
+from model_registry.parts import assemble, batch_tokens, memory_device_of, release, release_quietly, retire
 from model_registry.types import ModelState
 from model_registry.worker import BatchStats
 
@@ -169,6 +169,7 @@ class Lifecycle:
                 done.exception()  # retrieved here so that an unawaited failure is not reported as lost
             else:
                 assemble(handle, adapter, self.config, self._on_batch)
+                await asyncio.to_thread(heap.collect)
                 self.touch(handle)
                 seconds = time.perf_counter() - started
                 log.info("model '%s' loaded in %.2fs (%s)", spec.name, seconds, memory.format_bytes(handle.footprint))
@@ -365,11 +366,10 @@ class Lifecycle:
                 handle.draining = False
                 handle.undrained.set()
             started, freed = time.perf_counter(), handle.charged
+            held: list[Any] = [worker, adapter]
+            del worker, adapter, stage
             try:
-                if worker is not None:
-                    await asyncio.to_thread(worker.stop)
-                del worker
-                await asyncio.to_thread(release, adapter, handle.device)
+                await asyncio.to_thread(retire, held, handle.device)
             finally:
                 handle.charged = 0
             seconds = time.perf_counter() - started

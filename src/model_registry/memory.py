@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import gc
 import importlib.util
 import logging
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from model_registry import heap
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import parse_budget
 from model_registry.errors import ModelUnavailable
@@ -95,11 +95,12 @@ def _libc() -> Any:
 
 
 def release(device: str) -> None:
-    """Give freed memory back to the system: collect cycles, trim glibc's heap, empty CUDA's cache.
+    """Give freed memory back to the system: collect cycles (the frozen heap's too, see `heap`),
+    trim glibc's heap, empty CUDA's cache.
 
     Without the trim, glibc keeps freed arenas mapped and RSS stays at its peak after an unload.
     """
-    gc.collect()
+    heap.collect()
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)

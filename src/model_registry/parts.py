@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from model_registry import memory
 from model_registry.adapters import Adapter
@@ -60,6 +61,24 @@ def batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
 
 def release(adapter: Adapter, device: str) -> None:
     """Unload `adapter` and give its memory back to the system (see `memory.release`)."""
+    adapter.unload()
+    del adapter
+    memory.release(device)
+
+
+def retire(held: list[Any], device: str) -> None:
+    """Stop a loaded model's worker, unload its adapter and give its memory back.
+
+    `held` is `[worker, adapter]` and holds their last references: they are taken out of it here,
+    so that nothing else keeps them alive through the collection in `memory.release` (a thread
+    pool keeps a call's arguments until the call returns, and the worker and its queue form a
+    reference cycle that only that collection frees).
+    """
+    worker, adapter = held
+    held.clear()
+    if worker is not None:
+        worker.stop()
+    del worker
     adapter.unload()
     del adapter
     memory.release(device)
