@@ -7,10 +7,13 @@ collection comes every second or so, because requests in flight survive the youn
 Each one holds the interpreter lock for 100-200 ms with the bundled model: every thread of the
 server stops, the event loop and every other model's workers included.
 
-So after each load and each unload, `collect` walks the whole heap once, then freezes what
-survives (`gc.freeze`): later collections leave it out and walk only what was made since. What
-becomes cyclic garbage after being frozen (a request in flight at that moment that ends in a
-reference cycle, say) waits for the next load or unload.
+So after each load `freeze` collects what is not frozen yet (the new model's objects and what was
+made since the last freeze, not the whole heap: a load must not stop the models already serving
+for a walk over all of them) and freezes what survives (`gc.freeze`); later collections leave it
+out and walk only what was made since. After each unload `collect` thaws the heap and walks all of
+it once, so that the unloaded model's own cycles go, then freezes it again. What becomes cyclic
+garbage after being frozen (a request in flight at that moment that ends in a reference cycle,
+say) waits for the next unload.
 """
 
 from __future__ import annotations
@@ -19,6 +22,13 @@ import gc
 import threading
 
 _lock = threading.Lock()
+
+
+def freeze() -> None:
+    """A collection of what is not frozen yet; then freeze what is left."""
+    with _lock:
+        gc.collect()
+        gc.freeze()
 
 
 def collect() -> None:

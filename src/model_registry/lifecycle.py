@@ -169,7 +169,7 @@ class Lifecycle:
                 done.exception()  # retrieved here so that an unawaited failure is not reported as lost
             else:
                 assemble(handle, adapter, self.config, self._on_batch)
-                await asyncio.to_thread(heap.collect)
+                await asyncio.to_thread(heap.freeze)
                 self.touch(handle)
                 seconds = time.perf_counter() - started
                 log.info("model '%s' loaded in %.2fs (%s)", spec.name, seconds, memory.format_bytes(handle.footprint))

@@ -52,3 +52,24 @@ def test_a_loaded_model_is_frozen_out_of_collections_and_its_cycles_are_collecte
                 assert (await registry.embed("b", ["still serving"])).items
 
     asyncio.run(scenario())
+
+
+def test_a_load_leaves_the_frozen_heap_alone_and_the_next_unload_walks_it() -> None:
+    config = {"models": [fake_model("a"), fake_model("b")], "memory_budget": budget_for(2)}
+
+    async def scenario() -> None:
+        async with Registry.from_config(config) as registry:
+            await registry.load("b")
+            # Cyclic garbage that was frozen while alive: only a walk over the frozen heap frees it.
+            cycle = Node()
+            cycle.peer = Node()
+            cycle.peer.peer = cycle
+            gc.freeze()
+            cycle_gone = weakref.ref(cycle)
+            del cycle
+            await registry.load("a")
+            assert cycle_gone() is not None, "a load walked the whole frozen heap"
+            await registry.unload("a")
+            assert cycle_gone() is None, "an unload left cyclic garbage in the frozen heap"
+
+    asyncio.run(scenario())

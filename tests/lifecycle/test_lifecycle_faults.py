@@ -47,6 +47,7 @@ async def test_the_keep_alive_task_survives_an_unload_that_raises(caplog: pytest
 async def test_work_for_a_model_unloaded_under_it_fails_at_once_with_unavailable() -> None:
     config = {"models": [fake_model("slow", delay=0.4)], "request_timeout": 30}
     async with Registry.from_config(config) as registry:
+        await registry.load("slow")  # the schedule below is the batches', not the load's
         running = asyncio.create_task(registry.embed("slow", ["running"]))
         await asyncio.sleep(0.1)
         prefetched = asyncio.create_task(registry.embed("slow", ["prefetched"]))
