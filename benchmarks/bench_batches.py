@@ -3,7 +3,7 @@ thread is, and how long the garbage collector stopped the server, read from its 
 
     .venv/bin/python benchmarks/bench_batches.py [--device cpu|cuda] [--engines torch,onnx,...]
         [--clients 4,16] [--requests 64] [--inputs 256] [--stand-in SECONDS_PER_TOKEN]
-        [--freeze on|off|both] [--rounds 1]
+        [--freeze on|off|both] [--gc-thresholds 700,10,10/50000,10,10] [--rounds 1]
 
 For each engine, the bundled all-MiniLM-L6-v2 served by `infinity-server serve` (a subprocess) and
 the same engine in-process (bench_backends' `InProcess`, the ceiling): `--requests` requests of
@@ -16,13 +16,16 @@ the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request
 `--stand-in S` runs the ONNX Runtime engine as a stand-in for a fast device (`standin.py`): S
 seconds per padded token with the interpreter lock released, in the server and in-process alike,
 with the GPU's token budget per batch. `--freeze off` runs the server with `gc.freeze` disabled
-(as before `model_registry.heap`), `both` alternates the two `--rounds` times.
+(as before `model_registry.heap`), `both` alternates the two `--rounds` times. `--gc-thresholds`
+runs the server with each of the given collector thresholds in turn (`gc.set_threshold`'s
+arguments, settings separated by "/"; the default is CPython's own).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import random
 import re
@@ -82,10 +85,13 @@ def run(server: Served, requests: list[list[str]], clients: int) -> dict[str, An
     }
 
 
-def serving(engine: dict[str, Any], device: str, freeze: bool) -> Served:
+def serving(engine: dict[str, Any], device: str, freeze: bool, thresholds: str | None) -> Served:
     os.environ.pop("BENCH_WITHOUT_FREEZE", None)
+    os.environ.pop("BENCH_GC_THRESHOLDS", None)
     if not freeze:
         os.environ["BENCH_WITHOUT_FREEZE"] = "1"
+    if thresholds:
+        os.environ["BENCH_GC_THRESHOLDS"] = thresholds
     return Served(engine, device)
 
 
@@ -98,6 +104,7 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=256)
     parser.add_argument("--stand-in", type=float, metavar="SECONDS_PER_TOKEN", help="a fast device's stand-in")
     parser.add_argument("--freeze", choices=("on", "off", "both"), default="on")
+    parser.add_argument("--gc-thresholds", help="the server's collector thresholds, settings separated by /")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each server (alternating with --freeze both)")
     args = parser.parse_args()
     rng = random.Random(0)
@@ -115,6 +122,7 @@ def main() -> None:
         bench_backends.BATCH_TOKENS[args.device] = bench_backends.BATCH_TOKENS["cuda"]
         engines = ["onnx"]
     freezes = {"on": [True], "off": [False], "both": [True, False]}[args.freeze]
+    settings = args.gc_thresholds.split("/") if args.gc_thresholds else [None]
     for name in engines:
         engine = {**ENGINES[name], "max_batch_tokens": bench_backends.BATCH_TOKENS[args.device]}
         with InProcess(engine, args.device) as local:
@@ -122,8 +130,8 @@ def main() -> None:
             ceiling = statistics.median(local.throughput(requests) for _ in range(3))
             print(f"{name}: in-process {ceiling:.0f} inputs/s (median of 3)", flush=True)
         for round_ in range(args.rounds):
-            for freeze in freezes:
-                with serving(engine, args.device, freeze) as server:
+            for freeze, thresholds in itertools.product(freezes, settings):
+                with serving(engine, args.device, freeze, thresholds) as server:
                     asyncio.run(bulk(server.url, "warm", requests[:8], clients=1, encoding_format="base64"))
                     for clients in (int(c) for c in args.clients.split(",")):
                         figures = run(server, requests, clients)
@@ -132,7 +140,8 @@ def main() -> None:
                             for g, (n, seconds) in figures["gc_pauses"].items()
                         )
                         print(
-                            f"  round {round_ + 1}, freeze {'on' if freeze else 'off'}, {clients} clients: "
+                            f"  round {round_ + 1}, freeze {'on' if freeze else 'off'}"
+                            f"{f', thresholds {thresholds}' if thresholds else ''}, {clients} clients: "
                             f"{figures['inputs_per_s']:.0f} inputs/s ({figures['inputs_per_s'] / ceiling:.2f} of "
                             f"in-process), {figures['batches']:.0f} batches of {figures['items_per_batch']:.0f} items, "
                             f"fill {figures['fill']:.2f}, forward thread busy {100 * figures['forward_busy']:.0f}%, "

@@ -9,8 +9,11 @@ sync) that returns a last hidden state of ones, 8 wide, so that pooling costs ne
 `without_freeze` turns `gc.freeze` into a no-op: the server as it was before `model_registry.heap`
 froze loaded models out of the collector's walks, for an A/B run in the same conditions.
 
+`collector_thresholds` sets the collector's generation thresholds (`gc.set_threshold`) in the
+server, for `bench_batches.py --gc-thresholds`.
+
 In the server's process these are applied by `hooks/sitecustomize.py` from the environment
-(`BENCH_STAND_IN`, `BENCH_WITHOUT_FREEZE`), which `bench_batches.py` sets.
+(`BENCH_STAND_IN`, `BENCH_WITHOUT_FREEZE`, `BENCH_GC_THRESHOLDS`), which `bench_batches.py` sets.
 """
 
 from __future__ import annotations
@@ -36,3 +39,8 @@ def stand_in(seconds_per_token: float) -> None:
 
 def without_freeze() -> None:
     gc.freeze = lambda: None
+
+
+def collector_thresholds(spec: str) -> None:
+    """`spec` is gc.set_threshold's arguments, comma-separated: "700,10,10"."""
+    gc.set_threshold(*(int(t) for t in spec.split(",")))
