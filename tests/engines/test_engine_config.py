@@ -179,3 +179,42 @@ def test_device_auto_is_the_cpu_for_onnx_runtime_s_cuda_build_on_a_machine_witho
     assert adapter.describe()["engine"]["precision"] == "float32"
     assert len(run(adapter, embed_items())) == len(embed_items())
     adapter.unload()
+
+
+def test_the_onnx_engine_asks_the_driver_before_taking_auto_to_mean_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's own `auto`, as a caller that does not resolve the device first gets it: the
+    CUDA provider listed is not enough, a device must be there too."""
+    ort = pytest.importorskip("onnxruntime")
+    from model_registry.backends import onnx
+
+    real = ort.get_available_providers()
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real])
+    monkeypatch.setattr(onnx, "cuda_devices", lambda: 0)
+    assert onnx.resolve_device("auto") == "cpu"
+    monkeypatch.setattr(onnx, "cuda_devices", lambda: 2)
+    assert onnx.resolve_device("auto") == "cuda:0"
+    monkeypatch.setattr(ort, "get_available_providers", lambda: real)
+    assert onnx.resolve_device("auto") == "cpu"
+
+
+def test_an_onnx_engine_loaded_with_device_auto_runs_on_the_cpu_of_a_machine_without_a_gpu(tmp_path: Path) -> None:
+    """The engine alone (not through an adapter, which resolves the device itself) with onnxruntime
+    claiming a CUDA provider, on this machine's real driver check."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from model_registry.backends import onnx
+    from model_registry.backends.base import EngineOptions
+    from tests.builders.text import tiny_bert
+
+    if onnx.cuda_devices():
+        pytest.skip("this machine has a GPU")
+    bert = tiny_bert(tmp_path / "bert")
+    real = ort.get_available_providers()
+    engine = onnx.OnnxEngine()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real])
+        engine.load(bert, EngineOptions(device="auto", cache_dir=str(tmp_path / "cache")))
+    try:
+        assert (engine.device, engine.dtype) == ("cpu", "float32")
+    finally:
+        engine.release()

@@ -9,7 +9,9 @@ to float16 and runs on the CUDA execution provider with IO binding.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -78,10 +80,23 @@ def _preload_cuda_libraries() -> None:
             log.warning("onnxruntime could not preload the CUDA libraries: %s", error)
 
 
+def cuda_devices() -> int:
+    """CUDA devices the driver sees (0 without a driver): onnxruntime cannot say, because its CUDA
+    build lists its provider on a machine without a GPU too, and torch is not this engine's to ask."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1" if sys.platform != "win32" else "nvcuda.dll")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
 def resolve_device(requested: str) -> str:
     cuda = "CUDAExecutionProvider" in ort.get_available_providers()
     if requested == "auto":
-        return "cuda:0" if cuda else "cpu"
+        return "cuda:0" if cuda and cuda_devices() > 0 else "cpu"
     if requested.startswith("cuda") and not cuda:
         raise ModelUnavailable(
             f"device '{requested}' needs onnxruntime's CUDA provider; pip install 'infinity-server[onnx-gpu]'"
