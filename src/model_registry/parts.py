@@ -55,7 +55,11 @@ def batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
     """The model's batch budget: its own `max_batch_tokens`, else a default for its device."""
     if spec.max_batch_tokens:
         return spec.max_batch_tokens
-    device = str(getattr(adapter, "device", spec.device))
+    return default_batch_tokens(str(getattr(adapter, "device", spec.device)))
+
+
+def default_batch_tokens(device: str) -> int:
+    """The batch budget of a model on `device` that sets none."""
     return _GPU_BATCH_TOKENS if device.startswith("cuda") else _CPU_BATCH_TOKENS
 
 
