@@ -3,7 +3,8 @@ thread is, and how long the garbage collector stopped the server, read from its 
 
     .venv/bin/python benchmarks/bench_batches.py [--device cpu|cuda] [--engines torch,onnx,...]
         [--clients 4,16] [--requests 64] [--inputs 256] [--stand-in SECONDS_PER_TOKEN]
-        [--freeze on|off|both] [--gc-thresholds 700,10,10/50000,10,10] [--rounds 1]
+        [--stand-in-ops N] [--freeze on|off|both] [--gc-thresholds 700,10,10/50000,10,10]
+        [--switch-interval 0.005/0.0005] [--rounds 1]
 
 For each engine, the bundled all-MiniLM-L6-v2 served by `infinity-server serve` (a subprocess) and
 the same engine in-process (bench_backends' `InProcess`, the ceiling): `--requests` requests of
@@ -15,10 +16,14 @@ the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request
 
 `--stand-in S` runs the ONNX Runtime engine as a stand-in for a fast device (`standin.py`): S
 seconds per padded token with the interpreter lock released, in the server and in-process alike,
-with the GPU's token budget per batch. `--freeze off` runs the server with `gc.freeze` disabled
+with the GPU's token budget per batch; with `--stand-in-ops N` each batch first launches N
+operations one at a time, each releasing the lock and taking it back, as eager torch does on a GPU.
+`--freeze off` runs the server with `gc.freeze` disabled
 (as before `model_registry.heap`), `both` alternates the two `--rounds` times. `--gc-thresholds`
 runs the server with each of the given collector thresholds in turn (`gc.set_threshold`'s
-arguments, settings separated by "/"; the default is CPython's own).
+arguments, settings separated by "/"; the default is CPython's own), and `--switch-interval` with
+each of the given interpreter switch intervals in seconds (`sys.setswitchinterval`; the default
+is the server's own).
 """
 
 from __future__ import annotations
@@ -85,13 +90,15 @@ def run(server: Served, requests: list[list[str]], clients: int) -> dict[str, An
     }
 
 
-def serving(engine: dict[str, Any], device: str, freeze: bool, thresholds: str | None) -> Served:
-    os.environ.pop("BENCH_WITHOUT_FREEZE", None)
-    os.environ.pop("BENCH_GC_THRESHOLDS", None)
+def serving(engine: dict[str, Any], device: str, freeze: bool, thresholds: str | None, interval: str | None) -> Served:
+    for name in ("BENCH_WITHOUT_FREEZE", "BENCH_GC_THRESHOLDS", "BENCH_SWITCH_INTERVAL"):
+        os.environ.pop(name, None)
     if not freeze:
         os.environ["BENCH_WITHOUT_FREEZE"] = "1"
     if thresholds:
         os.environ["BENCH_GC_THRESHOLDS"] = thresholds
+    if interval:
+        os.environ["BENCH_SWITCH_INTERVAL"] = interval
     return Served(engine, device)
 
 
@@ -103,8 +110,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--inputs", type=int, default=256)
     parser.add_argument("--stand-in", type=float, metavar="SECONDS_PER_TOKEN", help="a fast device's stand-in")
+    parser.add_argument("--stand-in-ops", type=int, default=0, help="operations launched one at a time per batch")
     parser.add_argument("--freeze", choices=("on", "off", "both"), default="on")
     parser.add_argument("--gc-thresholds", help="the server's collector thresholds, settings separated by /")
+    parser.add_argument("--switch-interval", help="the server's interpreter switch intervals (s), separated by /")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each server (alternating with --freeze both)")
     args = parser.parse_args()
     rng = random.Random(0)
@@ -117,12 +126,14 @@ def main() -> None:
     if args.stand_in is not None:
         import standin
 
-        standin.stand_in(args.stand_in)
+        standin.stand_in(args.stand_in, args.stand_in_ops)
         os.environ["BENCH_STAND_IN"] = repr(args.stand_in)
+        os.environ["BENCH_STAND_IN_OPS"] = str(args.stand_in_ops)
         bench_backends.BATCH_TOKENS[args.device] = bench_backends.BATCH_TOKENS["cuda"]
         engines = ["onnx"]
     freezes = {"on": [True], "off": [False], "both": [True, False]}[args.freeze]
     settings = args.gc_thresholds.split("/") if args.gc_thresholds else [None]
+    intervals = args.switch_interval.split("/") if args.switch_interval else [None]
     for name in engines:
         engine = {**ENGINES[name], "max_batch_tokens": bench_backends.BATCH_TOKENS[args.device]}
         with InProcess(engine, args.device) as local:
@@ -130,8 +141,8 @@ def main() -> None:
             ceiling = statistics.median(local.throughput(requests) for _ in range(3))
             print(f"{name}: in-process {ceiling:.0f} inputs/s (median of 3)", flush=True)
         for round_ in range(args.rounds):
-            for freeze, thresholds in itertools.product(freezes, settings):
-                with serving(engine, args.device, freeze, thresholds) as server:
+            for freeze, thresholds, interval in itertools.product(freezes, settings, intervals):
+                with serving(engine, args.device, freeze, thresholds, interval) as server:
                     asyncio.run(bulk(server.url, "warm", requests[:8], clients=1, encoding_format="base64"))
                     for clients in (int(c) for c in args.clients.split(",")):
                         figures = run(server, requests, clients)
@@ -141,7 +152,8 @@ def main() -> None:
                         )
                         print(
                             f"  round {round_ + 1}, freeze {'on' if freeze else 'off'}"
-                            f"{f', thresholds {thresholds}' if thresholds else ''}, {clients} clients: "
+                            f"{f', thresholds {thresholds}' if thresholds else ''}"
+                            f"{f', switch interval {interval}' if interval else ''}, {clients} clients: "
                             f"{figures['inputs_per_s']:.0f} inputs/s ({figures['inputs_per_s'] / ceiling:.2f} of "
                             f"in-process), {figures['batches']:.0f} batches of {figures['items_per_batch']:.0f} items, "
                             f"fill {figures['fill']:.2f}, forward thread busy {100 * figures['forward_busy']:.0f}%, "

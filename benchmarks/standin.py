@@ -5,6 +5,12 @@ device works, so the server's own Python work around it (parsing, tokenizing, ba
 decides the throughput. `stand_in` gives a CPU-only machine that regime: the ONNX Runtime engine's
 `run` becomes a sleep of a fixed time per padded token (the lock is released, as during a device
 sync) that returns a last hidden state of ones, 8 wide, so that pooling costs next to nothing.
+With `ops`, each batch first launches that many operations one at a time, as eager torch does on
+a GPU: each releases the lock for a few microseconds of work and takes it back, so that a thread
+holding the lock meanwhile delays the next launch.
+
+`switch_interval` sets the interpreter's switch interval (`sys.setswitchinterval`) in the server,
+for `bench_batches.py --switch-interval`.
 
 `without_freeze` turns `gc.freeze` into a no-op: the server as it was before `model_registry.heap`
 froze loaded models out of the collector's walks, for an A/B run in the same conditions.
@@ -13,28 +19,43 @@ froze loaded models out of the collector's walks, for an A/B run in the same con
 server, for `bench_batches.py --gc-thresholds`.
 
 In the server's process these are applied by `hooks/sitecustomize.py` from the environment
-(`BENCH_STAND_IN`, `BENCH_WITHOUT_FREEZE`, `BENCH_GC_THRESHOLDS`), which `bench_batches.py` sets.
+(`BENCH_STAND_IN`, `BENCH_STAND_IN_OPS`, `BENCH_WITHOUT_FREEZE`, `BENCH_GC_THRESHOLDS`,
+`BENCH_SWITCH_INTERVAL`), which `bench_batches.py` sets.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import sys
 import time
 from typing import Any
 
 import numpy as np
 
+#: What one operation's launch hashes: about 9 µs of work outside the interpreter lock.
+_LAUNCH = bytes(16384)
 
-def stand_in(seconds_per_token: float) -> None:
+
+def stand_in(seconds_per_token: float, ops: int = 0) -> None:
+    """`ops` > 0: the engine first launches that many operations one at a time, as eager torch does
+    on a GPU, each about 9 µs of work with the interpreter lock released (hashing 16 KiB), then
+    waits for the device."""
     from model_registry.backends import onnx
     from model_registry.backends.base import EncoderBatch, EncoderOutput
 
     def run(self: Any, batch: EncoderBatch) -> EncoderOutput:
         rows, tokens = batch.input_ids.shape
+        for _ in range(ops):
+            hashlib.sha256(_LAUNCH)
         time.sleep(seconds_per_token * rows * tokens)
         return EncoderOutput(hidden=np.ones((rows, tokens, 8), dtype=np.float32))
 
     onnx.OnnxEngine.run = run  # type: ignore[method-assign]
+
+
+def switch_interval(seconds: float) -> None:
+    sys.setswitchinterval(seconds)
 
 
 def without_freeze() -> None:

@@ -2,12 +2,16 @@
 
 import os
 
-if os.environ.get("BENCH_STAND_IN") or os.environ.get("BENCH_WITHOUT_FREEZE") or os.environ.get("BENCH_GC_THRESHOLDS"):
+_NAMES = ("BENCH_STAND_IN", "BENCH_WITHOUT_FREEZE", "BENCH_GC_THRESHOLDS", "BENCH_SWITCH_INTERVAL")
+
+if any(os.environ.get(name) for name in _NAMES):
     import standin
 
     if os.environ.get("BENCH_STAND_IN"):
-        standin.stand_in(float(os.environ["BENCH_STAND_IN"]))
+        standin.stand_in(float(os.environ["BENCH_STAND_IN"]), int(os.environ.get("BENCH_STAND_IN_OPS") or 0))
     if os.environ.get("BENCH_WITHOUT_FREEZE"):
         standin.without_freeze()
     if os.environ.get("BENCH_GC_THRESHOLDS"):
         standin.collector_thresholds(os.environ["BENCH_GC_THRESHOLDS"])
+    if os.environ.get("BENCH_SWITCH_INTERVAL"):
+        standin.switch_interval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
