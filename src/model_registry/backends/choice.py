@@ -101,12 +101,15 @@ def choose(
 ) -> Choice:
     """The engine for `backend` (checked), or for `auto` the measured best one that fits.
 
-    The ranking comes from docs/backends.md. On CPU both converting engines serve 1.3-2x the torch
-    path over HTTP; ONNX Runtime has the lowest idle latency (int8: 8 ms a sentence against 15 for
-    CTranslate2) and serves every text family, CTranslate2 somewhat more bulk throughput, so ONNX
-    Runtime comes first. On CUDA (an H100) ONNX Runtime in float16 served 2.3x torch's short
-    sentences over HTTP, as many long documents, and answered an idle sentence 3.6 ms sooner, so it
-    comes first where onnxruntime-gpu is installed; int8 on CUDA is CTranslate2's int8_float16."""
+    The ranking comes from docs/backends.md and is by a single query's latency. On CPU ONNX
+    Runtime answers an idle sentence soonest on every host measured but one, where CTranslate2
+    int8 was level with it (on AVX2, int8: 8 ms a sentence against 15 for CTranslate2), and
+    serves every text family, so it comes first; CTranslate2 serves somewhat more bulk
+    throughput, and in int8 both serve 1.4-2.3x the torch path over HTTP (in fp32, on an Intel
+    host with AMX, torch served more than ONNX Runtime). On CUDA (an H100) ONNX Runtime in float16
+    served 2.3x torch's short sentences over HTTP, as many long documents, and answered an idle
+    sentence 3.6 ms sooner, so it comes first where onnxruntime-gpu is installed; int8 on CUDA is
+    CTranslate2's int8_float16."""
     if backend != "auto":
         check_model(name, backend, quantize, kind, config)
         return Choice(backend, "configured")
