@@ -1,9 +1,9 @@
-"""One compute pool per device: every engine sizes its threads to the cores, and two models
-called at once take turns on the CPU instead of oversubscribing it."""
+"""One compute pool per device: two models called at once take turns on the CPU instead of
+oversubscribing it, and while one holds the CPU, ONNX Runtime and CTranslate2 cut a batch of
+several rows into lanes run at once."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from pathlib import Path
@@ -13,29 +13,59 @@ import numpy as np
 import pytest
 
 from model_registry.backends.base import EncoderBatch, EngineOptions
-from model_registry.backends.threads import cores
+from model_registry.backends.threads import cores, row_ranges, run_in_lanes
 from tests.builders.text import tiny_bert
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ctranslate2")
 
+Span = tuple[float, float, str, int]
+
 
 class Recorder:
-    """Wraps a callable and records the (start, end) of every call."""
+    """Wraps a callable and records (start, end, tag, rows) of every call."""
 
-    def __init__(self, inner: Any, spans: list[tuple[float, float]], lock: threading.Lock) -> None:
-        self.inner, self.spans, self.lock = inner, spans, lock
+    def __init__(self, inner: Any, tag: str, spans: list[Span], lock: threading.Lock) -> None:
+        self.inner, self.tag, self.spans, self.lock = inner, tag, spans, lock
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         time.sleep(0.01)  # widen the window in which an overlap would show
         result = self.inner(*args, **kwargs)
+        rows = _rows(args)
         with self.lock:
-            self.spans.append((started, time.perf_counter()))
+            self.spans.append((started, time.perf_counter(), self.tag, rows))
         return result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def _rows(args: tuple[Any, ...]) -> int:
+    """Rows of the batch a call was given: ONNX Runtime's feeds, CTranslate2's ids, torch's ids."""
+    for value in args:
+        if isinstance(value, dict) and "input_ids" in value:
+            return int(np.asarray(value["input_ids"]).shape[0])
+        shape = getattr(value, "shape", None)
+        if shape is not None and len(shape) == 2:
+            return int(shape[0])
+    return 0
+
+
+def recorded(engines: dict[str, Any], spans: list[Span]) -> None:
+    """Put a `Recorder` around each engine's own forward call."""
+    lock = threading.Lock()
+    for tag, engine in engines.items():
+        if tag == "onnx":
+            session: Any = Recorder(engine.session, tag, spans, lock)
+            session.run = Recorder(session.inner.run, tag, spans, lock)
+            engine.session = session
+        elif tag == "ctranslate2":
+            encoder: Any = Recorder(engine.encoder, tag, spans, lock)
+            encoder.forward_batch = Recorder(encoder.inner.forward_batch, tag, spans, lock)
+            engine.encoder = encoder
+        else:
+            engine.model = Recorder(engine.model, tag, spans, lock)
 
 
 def test_two_engines_at_once_take_turns_with_every_core(tmp_path: Path) -> None:
@@ -50,15 +80,9 @@ def test_two_engines_at_once_take_turns_with_every_core(tmp_path: Path) -> None:
         engine.load(directory, options)
     assert onnx.session is not None
     assert onnx.session.get_session_options().intra_op_num_threads == cores()
-    spans: list[tuple[float, float]] = []
-    lock = threading.Lock()
-    session: Any = Recorder(onnx.session, spans, lock)
-    session.run = Recorder(session.inner.run, spans, lock)
-    onnx.session = session
-    encoder: Any = Recorder(ct2.encoder, spans, lock)
-    encoder.forward_batch = Recorder(encoder.inner.forward_batch, spans, lock)
-    ct2.encoder = encoder
-    torch_engine.model = Recorder(torch_engine.model, spans, lock)
+    assert (onnx.lanes, ct2.lanes) == (min(2, cores()), min(2, cores()))
+    spans: list[Span] = []
+    recorded({"onnx": onnx, "ctranslate2": ct2, "torch": torch_engine}, spans)
     ids = np.array([[2, 10, 11, 12, 13, 14, 3]] * 8, dtype=np.int64)
     batch = EncoderBatch(ids, np.ones_like(ids))
 
@@ -71,7 +95,100 @@ def test_two_engines_at_once_take_turns_with_every_core(tmp_path: Path) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    spans.sort()
     assert len(spans) >= 30
-    overlaps = [(a, b) for a, b in itertools.pairwise(spans) if b[0] < a[1]]
+    overlaps = [(a, b) for a in spans for b in spans if a[2] < b[2] and a[0] < b[1] and b[0] < a[1]]
     assert not overlaps, f"{len(overlaps)} forward passes of different models ran at the same time"
+
+
+@pytest.mark.parametrize("name", ["onnx", "ctranslate2"])
+def test_a_cpu_batch_runs_in_lanes_at_once_and_gives_what_one_run_gives(tmp_path: Path, name: str) -> None:
+    """Three lanes (whatever the cores): a batch of 8 rows is three calls of 2, 3 and 3 rows,
+    running at the same time, whose outputs put together equal one call's over the whole batch; a
+    single row is one call, on the calling thread."""
+    from model_registry.backends.ctranslate2 import Ct2Engine
+    from model_registry.backends.onnx import OnnxEngine
+
+    directory = tiny_bert(tmp_path / "bert")
+    engine: Any = OnnxEngine() if name == "onnx" else Ct2Engine()
+    engine.load(directory, EngineOptions(device="cpu", lanes=3, cache_dir=str(tmp_path / "cache")))
+    if name == "onnx":
+        assert engine.session.get_session_options().intra_op_num_threads == cores()
+    else:
+        assert engine.encoder.num_encoders == 3
+    assert engine.describe()["lanes"] == 3
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 90, size=(8, 9)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[5:, 6:] = 0  # three shorter rows, right-padded
+    ids[mask == 0] = 0
+    batch = EncoderBatch(ids, mask)
+    engine.lanes = 1
+    whole = engine.run(batch).hidden  # the reference: the same engine, the batch in one call
+    spans: list[Span] = []
+    callers: list[str] = []
+    recorded({name: engine}, spans)
+    inner = engine.session.run if name == "onnx" else engine.encoder.forward_batch
+
+    def noting(*args: Any, **kwargs: Any) -> Any:
+        callers.append(threading.current_thread().name)
+        return inner(*args, **kwargs)
+
+    if name == "onnx":
+        engine.session.run = noting
+    else:
+        engine.encoder.forward_batch = noting
+    engine.lanes = 3
+    split = engine.run(batch).hidden
+    assert sorted(rows for *_, rows in spans) == [2, 3, 3]
+    starts, ends = [s[0] for s in spans], [s[1] for s in spans]
+    assert max(starts) < min(ends), "the lanes of one batch did not run at the same time"
+    assert threading.current_thread().name in callers
+    assert split.shape == whole.shape
+    np.testing.assert_allclose(split[mask == 1], whole[mask == 1], atol=1e-5)
+    spans.clear()
+    callers.clear()
+    single = engine.run(EncoderBatch(ids[:1], mask[:1])).hidden
+    assert [rows for *_, rows in spans] == [1]
+    assert callers == [threading.current_thread().name]
+    np.testing.assert_allclose(single[0], whole[0], atol=1e-5)
+    engine.release()
+
+
+def test_ctranslate2_replicas_share_the_cores_out_but_keep_two_threads_where_there_are_two() -> None:
+    from model_registry.backends.ctranslate2 import replica_threads
+
+    assert [replica_threads(threads, 2) for threads in (1, 2, 3, 4, 16)] == [1, 2, 2, 2, 8]
+    assert replica_threads(16, 1) == 16  # one lane (CUDA, or one core): every thread
+    assert replica_threads(2, 3) == 2
+
+
+def test_row_ranges_cover_every_row_once_in_order_in_near_equal_parts() -> None:
+    assert row_ranges(8, 3) == [slice(0, 2), slice(2, 5), slice(5, 8)]
+    assert row_ranges(1, 4) == [slice(0, 1)]
+    assert row_ranges(5, 1) == [slice(0, 5)]
+    for rows in range(1, 40):
+        for parts in range(1, 9):
+            ranges = row_ranges(rows, parts)
+            assert len(ranges) == min(rows, parts)
+            covered = [i for r in ranges for i in range(r.start, r.stop)]
+            assert covered == list(range(rows))
+            sizes = [r.stop - r.start for r in ranges]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_a_lane_that_fails_fails_the_run_after_every_lane_has_stopped() -> None:
+    """No lane outlives the run (the caller's compute slot): the error comes after all of them."""
+    finished: list[int] = []
+
+    def work(rows: slice) -> int:
+        if rows.start == 0:
+            raise ValueError("the first lane failed")
+        time.sleep(0.2)
+        start: int = rows.start
+        finished.append(start)
+        return start
+
+    with pytest.raises(ValueError, match="the first lane failed"):
+        run_in_lanes(work, 9, 3)
+    assert sorted(finished) == [3, 6]
+    assert run_in_lanes(lambda rows: int(rows.start), 9, 3) == [0, 3, 6]

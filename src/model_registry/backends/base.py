@@ -30,13 +30,16 @@ QUANTIZE = ("none", "int8")
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     """How to load: `device` and `dtype` as configured ('auto' allowed), `quantize` none|int8,
-    `threads` for the intra-op pool (None: every core), `cache_dir` for converted artifacts."""
+    `threads` for the intra-op pool (None: every core), `lanes` for the CPU batches of ONNX Runtime
+    and CTranslate2 (None: two where there are two cores or more; see `threads.lanes`),
+    `cache_dir` for converted artifacts."""
 
     task: Task = "feature-extraction"
     device: str = "auto"
     dtype: str = "auto"
     quantize: str = "none"
     threads: int | None = None
+    lanes: int | None = None
     cache_dir: str | None = None
     trust_remote_code: bool = False
 

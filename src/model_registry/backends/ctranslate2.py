@@ -20,7 +20,7 @@ import psutil
 
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.cache import artifact_key, cached, invalidate, writable_root
-from model_registry.backends.threads import compute_slot, intra_op_threads
+from model_registry.backends.threads import compute_slot, intra_op_threads, lanes, run_in_lanes
 from model_registry.errors import ModelUnavailable
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,13 @@ def _with_converter_defaults(directory: Path, view: Path) -> Path:
     return view
 
 
+def replica_threads(threads: int, lanes: int) -> int:
+    """Each replica's threads: the cores shared out between the lanes, but two at least where there
+    are two (on 2 cores two replicas of two threads served a single long document 1.4x faster in
+    fp32 than two of one, and bulk batches as fast), and never more than the cores."""
+    return max(1, min(threads, max(2, threads // lanes)))
+
+
 class Ct2Engine(Engine):
     name = "ctranslate2"
 
@@ -76,6 +83,7 @@ class Ct2Engine(Engine):
         self.path: Path | None = None
         self.task: Task = "feature-extraction"
         self._bytes = 0
+        self.lanes = 1
 
     def load(self, directory: Path, options: EngineOptions) -> None:
         cuda_count = ctranslate2.get_cuda_device_count()
@@ -85,6 +93,9 @@ class Ct2Engine(Engine):
             raise ModelUnavailable(f"device '{requested}' was asked for, but CTranslate2 sees no CUDA device")
         index = int(requested.partition(":")[2] or 0) if device == "cuda" else 0
         self.device = f"cuda:{index}" if device == "cuda" else "cpu"
+        # On CPU a batch of several rows runs in lanes, a replica each over shared weights (see
+        # `threads`); on CUDA in one run.
+        self.lanes = 1 if device == "cuda" else lanes(options.lanes)
         self.dtype = compute_type(device, options.dtype, options.quantize)
         self.task = options.task
         versions = {"ctranslate2": ctranslate2.__version__, "transformers": importlib.metadata.version("transformers")}
@@ -115,8 +126,8 @@ class Ct2Engine(Engine):
             device=device,
             device_index=index,
             compute_type=self.dtype,
-            intra_threads=intra_op_threads(options.threads),
-            inter_threads=1,
+            intra_threads=replica_threads(intra_op_threads(options.threads), self.lanes),
+            inter_threads=self.lanes,
         )
 
     def carries_head(self, task: Task) -> bool:
@@ -127,17 +138,26 @@ class Ct2Engine(Engine):
         mask = batch.attention_mask
         if mask.shape[1] and not bool(mask[:, 0].all()):
             raise ModelUnavailable("the ctranslate2 backend needs right-padded batches; this tokenizer pads left")
-        ids = ctranslate2.StorageView.from_array(np.ascontiguousarray(batch.input_ids, dtype=np.int32))
-        lengths = ctranslate2.StorageView.from_array(mask.sum(axis=1).astype(np.int32))
-        types = None
-        if batch.token_type_ids is not None:
-            types = ctranslate2.StorageView.from_array(np.ascontiguousarray(batch.token_type_ids, dtype=np.int32))
+        ids = np.ascontiguousarray(batch.input_ids, dtype=np.int32)
+        lengths = mask.sum(axis=1).astype(np.int32)
+        types = None if batch.token_type_ids is None else np.ascontiguousarray(batch.token_type_ids, dtype=np.int32)
+        encoder, cpu = self.encoder, self.device == "cpu"
+
+        def run(rows: slice) -> np.ndarray:
+            part_types = None if types is None else ctranslate2.StorageView.from_array(types[rows])
+            output = encoder.forward_batch(
+                ctranslate2.StorageView.from_array(ids[rows]),
+                ctranslate2.StorageView.from_array(lengths[rows]),
+                token_type_ids=part_types,
+            )
+            states = output.last_hidden_state
+            if not cpu:
+                states = states.to_device(ctranslate2.Device.cpu)
+            return np.asarray(states, dtype=np.float32)
+
         with compute_slot(self.device):
-            output = self.encoder.forward_batch(ids, lengths, token_type_ids=types)
-        states = output.last_hidden_state
-        if self.device != "cpu":
-            states = states.to_device(ctranslate2.Device.cpu)
-        return EncoderOutput(hidden=np.asarray(states, dtype=np.float32))
+            parts = run_in_lanes(run, ids.shape[0], self.lanes)
+        return EncoderOutput(hidden=parts[0] if len(parts) == 1 else np.concatenate(parts))
 
     def footprint(self) -> int:
         return self._bytes if self.encoder is not None else 0
@@ -148,4 +168,4 @@ class Ct2Engine(Engine):
         self.encoder = None
 
     def describe(self) -> dict[str, Any]:
-        return {"artifact": str(self.path), "compute_type": self.dtype}
+        return {"artifact": str(self.path), "compute_type": self.dtype, "lanes": self.lanes}
