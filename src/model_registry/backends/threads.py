@@ -9,9 +9,9 @@ How an engine uses the cores while it holds the slot: its intra-op threads, size
 (torch's process-wide pool, ONNX Runtime's and CTranslate2's per-model pools), and for ONNX Runtime
 and CTranslate2 on CPU also lanes. A batch of several rows is cut into two row ranges (`lanes`) run
 at once over the same weights (`run_in_lanes`: one ONNX Runtime session called from two threads,
-sharing its pool; two CTranslate2 replicas, each with half the threads); a single row runs alone,
-with all of them. Measured with the bundled MiniLM on a 2-core host against one run per batch
-(docs/backends.md): int8 serves 1.1-2.1x the bulk throughput, fp32 0.95-1.15x, one short
+sharing its pool; two CTranslate2 replicas sharing the weights, each with half the threads, two at
+least); a single row runs alone, with every thread. Measured with the bundled MiniLM on a 2-core
+host against one run per batch (docs/backends.md): int8 serves 1.1-2.1x the bulk throughput, fp32 0.95-1.15x, one short
 sentence at a time is as fast or faster (CTranslate2 int8 back to back: 3 ms against 9), and one
 long document as fast within 11%: an engine's own pool makes its threads wait for each other at
 every operator, and two independent runs seldom wait on each other.
