@@ -18,12 +18,11 @@ the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request
 seconds per padded token with the interpreter lock released, in the server and in-process alike,
 with the GPU's token budget per batch; with `--stand-in-ops N` each batch first launches N
 operations one at a time, each releasing the lock and taking it back, as eager torch does on a GPU.
-`--freeze off` runs the server with `gc.freeze` disabled
-(as before `model_registry.heap`), `both` alternates the two `--rounds` times. `--gc-thresholds`
-runs the server with each of the given collector thresholds in turn (`gc.set_threshold`'s
-arguments, settings separated by "/"; the default is CPython's own), and `--switch-interval` with
-each of the given interpreter switch intervals in seconds (`sys.setswitchinterval`; the default
-is the server's own).
+`--freeze off` runs the server with `gc.freeze` disabled (as before `model_registry.heap`), `both`
+alternates the two `--rounds` times. `--gc-thresholds` runs the server with each of the given
+collector thresholds in turn (`gc.set_threshold`'s arguments, settings separated by "/"; the
+default is CPython's own), and `--switch-interval` with each of the given interpreter switch
+intervals in seconds (`sys.setswitchinterval`; the default is the server's own).
 """
 
 from __future__ import annotations

@@ -180,15 +180,16 @@ def test_a_lane_that_fails_fails_the_run_after_every_lane_has_stopped() -> None:
     """No lane outlives the run (the caller's compute slot): the error comes after all of them."""
     finished: list[int] = []
 
-    def work(rows: slice) -> int:
+    def work(rows: slice) -> np.ndarray:
         if rows.start == 0:
             raise ValueError("the first lane failed")
         time.sleep(0.2)
         start: int = rows.start
         finished.append(start)
-        return start
+        return np.arange(rows.start, rows.stop)
 
     with pytest.raises(ValueError, match="the first lane failed"):
         run_in_lanes(work, 9, 3)
     assert sorted(finished) == [3, 6]
-    assert run_in_lanes(lambda rows: int(rows.start), 9, 3) == [0, 3, 6]
+    joined = run_in_lanes(lambda rows: np.arange(9)[rows], 9, 3)
+    assert joined.tolist() == list(range(9))

@@ -156,8 +156,7 @@ class Ct2Engine(Engine):
             return np.asarray(states, dtype=np.float32)
 
         with compute_slot(self.device):
-            parts = run_in_lanes(run, ids.shape[0], self.lanes)
-        return EncoderOutput(hidden=parts[0] if len(parts) == 1 else np.concatenate(parts))
+            return EncoderOutput(hidden=run_in_lanes(run, ids.shape[0], self.lanes))
 
     def footprint(self) -> int:
         return self._bytes if self.encoder is not None else 0

@@ -156,8 +156,8 @@ class OnnxEngine(Engine):
     def _session(self, path: Path, options: EngineOptions) -> ort.InferenceSession:
         settings = ort.SessionOptions()
         settings.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # On CPU the lanes call this session at once: they share its weights and this pool.
         cuda = self.device.startswith("cuda")
+        # On CPU the lanes call this session at once: they share its weights and this pool.
         settings.intra_op_num_threads = intra_op_threads(options.threads)
         settings.inter_op_num_threads = 1
         settings.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -193,9 +193,7 @@ class OnnxEngine(Engine):
             if self.device.startswith("cuda"):
                 array = np.asarray(self._cuda_run(feeds)[0], dtype=np.float32)
             else:
-                rows = batch.input_ids.shape[0]
-                parts = run_in_lanes(self._cpu_run(feeds), rows, self.lanes)
-                array = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                array = run_in_lanes(self._cpu_run(feeds), batch.input_ids.shape[0], self.lanes)
         if self.output == "last_hidden_state":
             return EncoderOutput(hidden=array)
         return EncoderOutput(logits=array)

@@ -11,10 +11,10 @@ and CTranslate2 on CPU also lanes. A batch of several rows is cut into two row r
 at once over the same weights (`run_in_lanes`: one ONNX Runtime session called from two threads,
 sharing its pool; two CTranslate2 replicas sharing the weights, each with half the threads, two at
 least); a single row runs alone, with every thread. Measured with the bundled MiniLM on a 2-core
-host against one run per batch (docs/backends.md): int8 serves 1.1-2.1x the bulk throughput, fp32 0.95-1.15x, one short
-sentence at a time is as fast or faster (CTranslate2 int8 back to back: 3 ms against 9), and one
-long document as fast within 11%: an engine's own pool makes its threads wait for each other at
-every operator, and two independent runs seldom wait on each other.
+host against one run per batch (docs/backends.md): int8 serves 1.1-2.1x the bulk throughput,
+fp32 0.95-1.15x, one short sentence at a time is as fast or faster (CTranslate2 int8 back to
+back: 3 ms against 9), and one long document as fast within 11%: an engine's own pool makes its
+threads wait for each other at every operator, and two independent runs seldom wait on each other.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from typing import TypeVar
 
-T = TypeVar("T")
+import numpy as np
 
 _slots: dict[str, threading.Lock] = {}
 _guard = threading.Lock()
@@ -73,19 +72,20 @@ def row_ranges(rows: int, parts: int) -> list[slice]:
     return [slice(start, end) for start, end in itertools.pairwise(bounds)]
 
 
-def run_in_lanes(work: Callable[[slice], T], rows: int, count: int) -> list[T]:
+def run_in_lanes(work: Callable[[slice], np.ndarray], rows: int, count: int) -> np.ndarray:
     """`work(range)` for each of `rows` cut into up to `count` ranges, all at once: the first on
-    the calling thread, the others on the lane threads. Results in row order; when a lane raises,
-    the others are still waited for (none outlives the caller's compute slot), then it is raised."""
+    the calling thread, the others on the lane threads; their arrays joined in row order. When a
+    lane raises, the others are still waited for (none outlives the caller's compute slot), then
+    it is raised."""
     ranges = row_ranges(rows, count)
     if len(ranges) == 1:
-        return [work(ranges[0])]
+        return work(ranges[0])
     others = [_lane_pool().submit(work, part) for part in ranges[1:]]
     try:
         first = work(ranges[0])
     finally:
         wait(others)
-    return [first, *(future.result() for future in others)]
+    return np.concatenate([first, *(future.result() for future in others)])
 
 
 #: At most this many lane threads; they are started as lanes first need them (one fewer than the
