@@ -154,12 +154,29 @@ def test_a_cpu_batch_runs_in_lanes_at_once_and_gives_what_one_run_gives(tmp_path
     engine.release()
 
 
-def test_ctranslate2_replicas_share_the_cores_out_but_keep_two_threads_where_there_are_two() -> None:
+def test_ctranslate2_replicas_share_the_cores_out_float_ones_keeping_two_threads_where_there_are_two() -> None:
     from model_registry.backends.ctranslate2 import replica_threads
 
-    assert [replica_threads(threads, 2) for threads in (1, 2, 3, 4, 16)] == [1, 2, 2, 2, 8]
-    assert replica_threads(16, 1) == 16  # one lane (CUDA, or one core): every thread
-    assert replica_threads(2, 3) == 2
+    assert [replica_threads(threads, 2, "float32") for threads in (1, 2, 3, 4, 16)] == [1, 2, 2, 2, 8]
+    assert [replica_threads(threads, 2, "int8") for threads in (1, 2, 3, 4, 16)] == [1, 1, 1, 2, 8]
+    assert replica_threads(16, 1, "float32") == replica_threads(16, 1, "int8") == 16  # one lane: every thread
+    assert replica_threads(2, 3, "float32") == 2
+    assert replica_threads(2, 3, "int8") == 1
+
+
+@pytest.mark.parametrize(("quantize", "lane_threads"), [("none", 2), ("int8", 1)])
+def test_a_ctranslate2_model_loads_its_replicas_with_the_threads_its_compute_type_gets(
+    tmp_path: Path, quantize: str, lane_threads: int
+) -> None:
+    from model_registry.backends.ctranslate2 import Ct2Engine
+
+    engine = Ct2Engine()
+    options = EngineOptions(device="cpu", threads=2, lanes=2, quantize=quantize, cache_dir=str(tmp_path / "cache"))
+    engine.load(tiny_bert(tmp_path / "bert"), options)
+    described = engine.describe()
+    assert (described["lanes"], described["lane_threads"]) == (2, lane_threads)
+    assert engine.encoder.num_encoders == 2
+    engine.release()
 
 
 def test_row_ranges_cover_every_row_once_in_order_in_near_equal_parts() -> None:

@@ -10,7 +10,8 @@ How an engine uses the cores while it holds the slot: its intra-op threads, size
 and CTranslate2 on CPU also lanes. A batch of several rows is cut into two row ranges (`lanes`) run
 at once over the same weights (`run_in_lanes`: one ONNX Runtime session called from two threads,
 sharing its pool; two CTranslate2 replicas sharing the weights, each with half the threads, two at
-least); a single row runs alone, with every thread. Measured with the bundled MiniLM on a 2-core
+least in float and one at least in int8: `ctranslate2.replica_threads`); a single row runs alone,
+with every thread of its lane. Measured with the bundled MiniLM on a 2-core
 host against one run per batch (docs/backends.md): int8 serves 1.1-2.1x the bulk throughput,
 fp32 0.95-1.15x, one short sentence at a time is as fast or faster (CTranslate2 int8 back to
 back: 3 ms against 9), and one long document as fast within 11%: an engine's own pool makes its
