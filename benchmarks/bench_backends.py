@@ -15,8 +15,9 @@ this process and served by `infinity-server serve` (one model, a subprocess) at 
      numpy arrays, as the openai client does by default (`--encoding-format float` for JSON
      numbers);
    - in-process: the same adapter and engine on the same inputs, tokenized, sorted by length and
-     cut into batches of the server's token budget: the ceiling the server can reach; the ratio
-     server / in-process is the server's overhead;
+     cut into batches of the server's token budget, with the heap frozen after the load and the
+     thread that runs `forward` set up as the server does both: the ceiling the server can reach;
+     the ratio server / in-process is the server's overhead;
 2. idle latency: single sentences one at a time over HTTP with the standard library's keep-alive
    client, each followed by `IDLE_GAP`, a `/health` round trip (the HTTP floor) and `IDLE_GAP`
    again, in blocks alternating with the engine's own single-sentence prepare + forward +
@@ -150,10 +151,23 @@ class InProcess:
         self.budget = BATCH_TOKENS[device]
 
     def __enter__(self) -> InProcess:
+        import torch
+
+        from model_registry import heap
+
         self.adapter.load(self.options)
+        # As the server does after a load: without it a full collection walks the whole heap (torch,
+        # transformers, the model) every few runs, 80-90 ms inside a run of about 550.
+        heap.freeze()
+        # This thread runs `forward` here, set up as the server sets up its forward thread.
+        self._threads = torch.get_num_threads()
+        self.adapter.on_forward_thread()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        from model_registry.backends import torch as torch_backend
+
+        torch_backend.confine(self._threads)  # the next engine's runs on this thread start as before
         self.adapter.unload()
 
     def throughput(self, requests: list[list[str]]) -> float:

@@ -139,7 +139,7 @@ class Worker:
         self._stop.clear()
         self._threads = [
             threading.Thread(target=self._supervise, args=(self._collate_once,), name=f"{self.name}-collate"),
-            threading.Thread(target=self._supervise, args=(self._forward_once,), name=f"{self.name}-forward"),
+            threading.Thread(target=self._forward_thread, name=f"{self.name}-forward"),
         ]
         for thread in self._threads:
             thread.daemon = True
@@ -166,6 +166,13 @@ class Worker:
         return not self.busy and self._handoff.empty() and self.batches.depth == 0
 
     # ---- threads -------------------------------------------------------------------------------
+
+    def _forward_thread(self) -> None:
+        try:
+            self.adapter.on_forward_thread()
+        except Exception:  # a setting of the thread, not a reason to stop serving
+            log.exception("model '%s': setting up its forward thread failed; it runs without that", self.name)
+        self._supervise(self._forward_once)
 
     def _supervise(self, step: Callable[[], None]) -> None:
         """Run `step` until stopped; an exception escaping a step is a bug, logged, and survived."""

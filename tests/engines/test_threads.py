@@ -1,9 +1,11 @@
 """One compute pool per device: two models called at once take turns on the CPU instead of
 oversubscribing it, and while one holds the CPU, ONNX Runtime and CTranslate2 cut a batch of
-several rows into lanes run at once."""
+several rows into lanes run at once. A model on those engines with small heads runs its torch
+work on its forward thread alone."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -15,6 +17,8 @@ import pytest
 from model_registry.backends.base import EncoderBatch, EngineOptions
 from model_registry.backends.threads import cores, row_ranges, run_in_lanes
 from tests.builders.text import tiny_bert
+from tests.engines.families import FAMILIES
+from tests.engines.helpers import TEXTS
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ctranslate2")
@@ -210,3 +214,93 @@ def test_a_lane_that_fails_fails_the_run_after_every_lane_has_stopped() -> None:
     assert sorted(finished) == [3, 6]
     joined = run_in_lanes(lambda rows: np.arange(9)[rows], 9, 3)
     assert joined.tolist() == list(range(9))
+
+
+def fresh_thread_count() -> int:
+    """The torch threads a thread that has not used torch yet starts with."""
+    import torch
+
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+def openmp_pool_of_two_or_more() -> int:
+    import torch
+
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch does not run its operators on OpenMP")
+    count = fresh_thread_count()
+    if count < 2:
+        pytest.skip("torch has one thread here: there is nothing to confine")
+    return count
+
+
+def test_torch_confined_on_one_thread_leaves_every_other_thread_its_count() -> None:
+    """`torch.set_num_threads(1)` would fail this: a thread that starts using torch afterwards
+    would start with one thread too."""
+    import torch
+
+    from model_registry.backends import torch as torch_backend
+
+    pool = openmp_pool_of_two_or_more()
+    main = torch.get_num_threads()
+    seen: dict[str, int | None] = {}
+    confined, done = threading.Event(), threading.Event()
+
+    def confine_here() -> None:
+        seen["before"] = torch_backend.confine(1)
+        seen["confined"] = torch.get_num_threads()
+        seen["sum"] = int(torch.ones(64, 4096).sum())  # an operator large enough to go parallel
+        confined.set()
+        done.wait(30)
+        torch_backend.confine(seen["before"] or 1)
+        seen["restored"] = torch.get_num_threads()
+
+    thread = threading.Thread(target=confine_here)
+    thread.start()
+    assert confined.wait(30)
+    seen["fresh"] = fresh_thread_count()
+    seen["main"] = torch.get_num_threads()
+    done.set()
+    thread.join()
+    assert seen == {"before": pool, "confined": 1, "sum": 64 * 4096, "fresh": pool, "main": main, "restored": pool}
+
+
+@pytest.mark.parametrize(
+    ("family", "backend", "alone"),
+    [("dense", "torch", False), ("dense", "onnx", True), ("dense", "ctranslate2", True), ("splade", "onnx", False)],
+)
+def test_a_model_with_small_heads_on_a_converting_engine_runs_torch_alone_on_its_forward_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, backend: str, alone: bool
+) -> None:
+    """Dense on ONNX Runtime or CTranslate2: one torch thread where the batches run (its pool's
+    other threads would spin beside the engine's). On torch, and for SPLADE's vocabulary-wide
+    head, the forward thread keeps the pool."""
+    import torch
+
+    from model_registry import Registry
+    from model_registry.worker import Worker
+
+    pool = openmp_pool_of_two_or_more()
+    counts: list[int] = []
+    run = Worker._run
+
+    def recording(self: Worker, *args: Any) -> None:
+        counts.append(torch.get_num_threads())
+        run(self, *args)
+
+    monkeypatch.setattr(Worker, "_run", recording)
+    builder, kind, _, _ = FAMILIES[family]
+    model = {"name": "m", "source": str(builder(tmp_path / family)), "kind": kind, "backend": backend, "device": "cpu"}
+    outputs = ["sparse"] if family == "splade" else ["dense"]
+
+    async def scenario() -> None:
+        async with Registry.from_config({"models": [model], "engine_cache": str(tmp_path / "cache")}) as registry:
+            for text in TEXTS:
+                await registry.embed("m", [text, text + " again"], outputs=outputs)
+
+    asyncio.run(scenario())
+    assert counts == [1 if alone else pool] * len(TEXTS)

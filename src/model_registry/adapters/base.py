@@ -94,6 +94,11 @@ class Adapter(abc.ABC):
     def postprocess(self, batch: Any, output: Any) -> list[Result]:
         """One result per collated item, in collation order."""
 
+    def on_forward_thread(self) -> None:
+        """Called once on the model's forward thread after the load, before its first batch: for
+        settings that belong to the thread that runs `forward` (none by default)."""
+        return None
+
     def estimate(self, options: LoadOptions) -> int | None:
         """Bytes the model will hold once loaded with `options`, known before `load` (None when it
         cannot be told). The registry makes this much room before loading; `footprint()` after

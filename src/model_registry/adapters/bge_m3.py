@@ -48,6 +48,8 @@ def sparse_from_weights(ids: np.ndarray, weights: np.ndarray, skip: frozenset[in
 
 
 class BgeM3Adapter(TextEncoder):
+    #: Its heads run over every token (not measured without the pool): it keeps torch's threads.
+    small_heads = False
     kind = Kind.MULTI_OUTPUT
     capabilities = frozenset({Capability.EMBED_TEXT, Capability.SPARSE, Capability.MULTIVECTOR})
 

@@ -119,6 +119,8 @@ def _linear_from_checkpoint(root: Path) -> torch.Tensor:
 
 
 class ColbertAdapter(TextEncoder):
+    #: Its projection runs over every token (not measured without the pool): it keeps torch's threads.
+    small_heads = False
     kind = Kind.MULTIVECTOR
     capabilities = frozenset({Capability.MULTIVECTOR})
     truncation_sides = ("right",)  # ColBERT tokenizes with its markers itself

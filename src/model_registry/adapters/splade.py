@@ -44,6 +44,8 @@ def prune(row: np.ndarray, top_k: int | None, threshold: float) -> np.ndarray:
 
 
 class SpladeAdapter(TextEncoder):
+    #: Its head works over the whole vocabulary for every token: it keeps torch's threads.
+    small_heads = False
     kind = Kind.SPARSE
     capabilities = frozenset({Capability.SPARSE})
 

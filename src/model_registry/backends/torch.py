@@ -6,6 +6,8 @@ torch is imported here and in adapters that run on it, never by `import model_re
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,55 @@ def configure_threads(threads: int | None) -> None:
         with contextlib.suppress(RuntimeError):
             torch.set_num_interop_threads(1)
         _threads_set = True
+
+
+def confine(count: int) -> int | None:
+    """Let torch's operators on the calling thread use at most `count` threads, leaving every
+    other thread's count as it is; the calling thread's count before, or None where that cannot be
+    done (torch not on OpenMP). `confine(before)` puts it back.
+
+    For the forward thread of a model whose engine is not torch and whose head is small (pooling,
+    a normalisation, a classifier's linear layers): each of torch's parallel operators there
+    leaves the pool's other threads spinning for milliseconds afterwards, on the cores the
+    engine's own threads are using. `torch.set_num_threads` cannot do this: it also sets the count
+    that every thread using torch for the first time afterwards starts with. A thread's OpenMP
+    count (`nthreads-var`) is its own, and torch reads it for each operator, so it is set in the
+    OpenMP runtime torch itself loaded."""
+    before = torch.get_num_threads()  # torch sets a thread's count up on its first use: first
+    runtime = _openmp()
+    if runtime is None:
+        return None
+    runtime.omp_set_num_threads(max(1, count))
+    return before
+
+
+_runtime: list[ctypes.CDLL | None] = []
+
+
+def _openmp() -> ctypes.CDLL | None:
+    """The OpenMP runtime torch loaded (its wheels carry their own), found among the libraries
+    this process has mapped: never a second copy. None where torch does not run on OpenMP."""
+    with _threads_lock:
+        if not _runtime:
+            _runtime.append(_find_openmp())
+        return _runtime[0]
+
+
+def _find_openmp() -> ctypes.CDLL | None:
+    if "OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if ".so" in line}
+    except OSError:
+        return None
+    home = str(Path(torch.__file__).parent)
+    for path in sorted(p for p in paths if p.startswith(home) and "omp" in Path(p).name):
+        try:
+            return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)  # only if already loaded
+        except OSError:
+            continue
+    return None
 
 
 def module_bytes(module: torch.nn.Module) -> int:
