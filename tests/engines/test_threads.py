@@ -304,3 +304,28 @@ def test_a_model_with_small_heads_on_a_converting_engine_runs_torch_alone_on_its
 
     asyncio.run(scenario())
     assert counts == [1 if alone else pool] * len(TEXTS)
+
+
+@pytest.mark.parametrize(
+    ("engine", "device", "small_heads", "confined"),
+    [
+        ("onnx", "cpu", True, True),
+        ("ctranslate2", "cpu", True, True),
+        ("torch", "cpu", True, False),
+        ("onnx", "cuda:0", True, False),
+        ("ctranslate2", "cuda:0", True, False),
+        ("onnx", "cpu", False, False),
+    ],
+)
+def test_only_a_cpu_engine_other_than_torch_under_small_heads_confines_its_forward_thread(
+    monkeypatch: pytest.MonkeyPatch, engine: str, device: str, small_heads: bool, confined: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from model_registry.adapters import dense
+    from model_registry.backends import torch as torch_backend
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch_backend, "confine", calls.append)
+    dense.TextEncoder.on_forward_thread(SimpleNamespace(backend=engine, device=device, small_heads=small_heads))  # type: ignore[arg-type]
+    assert calls == ([1] if confined else [])

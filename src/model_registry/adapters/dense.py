@@ -140,11 +140,13 @@ class TextEncoder(Adapter):
         )
 
     def on_forward_thread(self) -> None:
-        """On an engine other than torch, where the heads are small, torch runs them on this thread
-        alone: its pool's other threads would spin for milliseconds after each parallel operator on
-        the cores the engine's threads are using (CTranslate2 int8 on 2 cores, in-process against
-        over HTTP: 0.85-0.88 of its rate with them, 0.91-1.02 without)."""
-        if self.small_heads and self.backend != "torch":
+        """On a CPU engine other than torch, where the heads are small, torch runs them on this
+        thread alone: its pool's other threads would spin for milliseconds after each parallel
+        operator on the cores the engine's threads are using (CTranslate2 int8 on 2 cores, over
+        HTTP against in process: 0.85 of its rate with them, 0.91-1.02 without). On CUDA the engine
+        needs no cores, and a GPU-sized batch's pooling may need the pool: not measured, left as
+        it was."""
+        if self.small_heads and self.backend != "torch" and not str(self.device).startswith("cuda"):
             backend.confine(1)
 
     def run(self, inputs: EncoderBatch) -> EncoderOutput:
