@@ -77,7 +77,7 @@ class TextEncoder(Adapter):
 
     backend = "torch"
     #: Whether this family's heads are small (pooling, a normalisation, a classifier's linear
-    #: layers), so that on an engine other than torch the forward thread runs them on one of
+    #: layers), so that on a CPU engine other than torch the forward thread runs them on one of
     #: torch's threads (`on_forward_thread`). SPLADE's vocabulary-wide head is not: one batch of
     #: 1,024 tokens takes 140 ms on two threads and 250 on one (2-core host).
     small_heads = True

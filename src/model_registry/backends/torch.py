@@ -68,7 +68,7 @@ def confine(count: int) -> int | None:
     that every thread using torch for the first time afterwards starts with. A thread's OpenMP
     count (`nthreads-var`) is its own, and torch reads it for each operator, so it is set in the
     OpenMP runtime torch itself loaded."""
-    before = torch.get_num_threads()  # torch sets a thread's count up on its first use: first
+    before = torch.get_num_threads()  # first: torch sets a thread's count up on its first use
     runtime = _openmp()
     if runtime is None:
         return None
