@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 from pathlib import Path
@@ -76,19 +77,10 @@ def confine(count: int) -> int | None:
     return before
 
 
-_runtime: list[ctypes.CDLL | None] = []
-
-
+@functools.cache
 def _openmp() -> ctypes.CDLL | None:
     """The OpenMP runtime torch loaded (its wheels carry their own), found among the libraries
     this process has mapped: never a second copy. None where torch does not run on OpenMP."""
-    with _threads_lock:
-        if not _runtime:
-            _runtime.append(_find_openmp())
-        return _runtime[0]
-
-
-def _find_openmp() -> ctypes.CDLL | None:
     if "OpenMP" not in torch.__config__.parallel_info():
         return None
     try:
