@@ -3,7 +3,8 @@ thread is, and how long the garbage collector stopped the server, read from its 
 
     .venv/bin/python benchmarks/bench_batches.py [--device cpu|cuda] [--engines torch,onnx,...]
         [--clients 4,16] [--requests 64] [--inputs 256] [--stand-in SECONDS_PER_TOKEN]
-        [--stand-in-ops N] [--freeze on|off|both] [--gc-thresholds 700,10,10/50000,10,10]
+        [--stand-in-ops N] [--stand-in-width N] [--freeze on|off|both]
+        [--gc-thresholds 700,10,10/50000,10,10]
         [--switch-interval 0.005/0.0005] [--rounds 1]
 
 For each engine, the bundled all-MiniLM-L6-v2 served by `infinity-server serve` (a subprocess) and
@@ -17,7 +18,9 @@ the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request
 `--stand-in S` runs the ONNX Runtime engine as a stand-in for a fast device (`standin.py`): S
 seconds per padded token with the interpreter lock released, in the server and in-process alike,
 with the GPU's token budget per batch; with `--stand-in-ops N` each batch first launches N
-operations one at a time, each releasing the lock and taking it back, as eager torch does on a GPU.
+operations one at a time, each releasing the lock and taking it back, as eager torch does on a GPU,
+and with `--stand-in-width 384` it hands back hidden states of MiniLM's width, which the server
+pools on the host as it does a converting engine's on a GPU (8 by default: pooling next to free).
 `--freeze off` runs the server with `gc.freeze` disabled (as before `model_registry.heap`), `both`
 alternates the two `--rounds` times. `--gc-thresholds` runs the server with each of the given
 collector thresholds in turn (`gc.set_threshold`'s arguments, settings separated by "/"; the
@@ -110,6 +113,9 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=256)
     parser.add_argument("--stand-in", type=float, metavar="SECONDS_PER_TOKEN", help="a fast device's stand-in")
     parser.add_argument("--stand-in-ops", type=int, default=0, help="operations launched one at a time per batch")
+    parser.add_argument(
+        "--stand-in-width", type=int, default=8, help="the stand-in's hidden state width (384: MiniLM's)"
+    )
     parser.add_argument("--freeze", choices=("on", "off", "both"), default="on")
     parser.add_argument("--gc-thresholds", help="the server's collector thresholds, settings separated by /")
     parser.add_argument("--switch-interval", help="the server's interpreter switch intervals (s), separated by /")
@@ -125,9 +131,10 @@ def main() -> None:
     if args.stand_in is not None:
         import standin
 
-        standin.stand_in(args.stand_in, args.stand_in_ops)
+        standin.stand_in(args.stand_in, args.stand_in_ops, args.stand_in_width)
         os.environ["BENCH_STAND_IN"] = repr(args.stand_in)
         os.environ["BENCH_STAND_IN_OPS"] = str(args.stand_in_ops)
+        os.environ["BENCH_STAND_IN_WIDTH"] = str(args.stand_in_width)
         bench_backends.BATCH_TOKENS[args.device] = bench_backends.BATCH_TOKENS["cuda"]
         engines = ["onnx"]
     freezes = {"on": [True], "off": [False], "both": [True, False]}[args.freeze]

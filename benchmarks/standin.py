@@ -4,10 +4,12 @@ On a GPU the engine takes a few milliseconds per batch and releases the interpre
 device works, so the server's own Python work around it (parsing, tokenizing, batching, results)
 decides the throughput. `stand_in` gives a CPU-only machine that regime: the ONNX Runtime engine's
 `run` becomes a sleep of a fixed time per padded token (the lock is released, as during a device
-sync) that returns a last hidden state of ones, 8 wide, so that pooling costs next to nothing.
-With `ops`, each batch first launches that many operations one at a time, as eager torch does on
-a GPU: each releases the lock for a few microseconds of work and takes it back, so that a thread
-holding the lock meanwhile delays the next launch.
+sync) that returns a last hidden state of ones, 8 wide by default, so that pooling costs next to
+nothing; `width` 384 returns the bundled model's width, so that the host pools what a converting
+engine on a GPU hands back (its states come back to the host and pool there). With `ops`, each
+batch first launches that many operations one at a time, as eager torch does on a GPU: each
+releases the lock for a few microseconds of work and takes it back, so that a thread holding the
+lock meanwhile delays the next launch.
 
 `switch_interval` sets the interpreter's switch interval (`sys.setswitchinterval`) in the server,
 for `bench_batches.py --switch-interval`.
@@ -20,7 +22,7 @@ server, for `bench_batches.py --gc-thresholds`.
 
 In the server's process these are applied by `hooks/sitecustomize.py` from the environment
 (`BENCH_STAND_IN`, `BENCH_STAND_IN_OPS`, `BENCH_WITHOUT_FREEZE`, `BENCH_GC_THRESHOLDS`,
-`BENCH_SWITCH_INTERVAL`), which `bench_batches.py` sets.
+`BENCH_SWITCH_INTERVAL`, `BENCH_STAND_IN_WIDTH`), which `bench_batches.py` sets.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 _LAUNCH = bytes(16384)
 
 
-def stand_in(seconds_per_token: float, ops: int = 0) -> None:
+def stand_in(seconds_per_token: float, ops: int = 0, width: int = 8) -> None:
     """`ops` > 0: the engine first launches that many operations one at a time, as eager torch does
     on a GPU, each about 9 µs of work with the interpreter lock released (hashing 16 KiB), then
     waits for the device."""
@@ -49,7 +51,7 @@ def stand_in(seconds_per_token: float, ops: int = 0) -> None:
         for _ in range(ops):
             hashlib.sha256(_LAUNCH)
         time.sleep(seconds_per_token * rows * tokens)
-        return EncoderOutput(hidden=np.ones((rows, tokens, 8), dtype=np.float32))
+        return EncoderOutput(hidden=np.ones((rows, tokens, width), dtype=np.float32))
 
     onnx.OnnxEngine.run = run  # type: ignore[method-assign]
 

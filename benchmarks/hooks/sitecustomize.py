@@ -8,7 +8,11 @@ if any(os.environ.get(name) for name in _NAMES):
     import standin
 
     if os.environ.get("BENCH_STAND_IN"):
-        standin.stand_in(float(os.environ["BENCH_STAND_IN"]), int(os.environ.get("BENCH_STAND_IN_OPS") or 0))
+        standin.stand_in(
+            float(os.environ["BENCH_STAND_IN"]),
+            int(os.environ.get("BENCH_STAND_IN_OPS") or 0),
+            int(os.environ.get("BENCH_STAND_IN_WIDTH") or 8),
+        )
     if os.environ.get("BENCH_WITHOUT_FREEZE"):
         standin.without_freeze()
     if os.environ.get("BENCH_GC_THRESHOLDS"):
