@@ -4,7 +4,9 @@ While the forward thread runs a batch and more work is queued, the collator thre
 batch from the queue and collates it, so exactly one batch is prepared ahead; with nothing queued
 it stays asleep, off the cores the engine's threads are using. An idle forward thread takes and
 collates the next batch itself: an idle model's request wakes one thread, not two in turn (each
-wake of a sleeping thread costs a fraction of a millisecond, more on a virtual machine). Before
+wake of a sleeping thread costs a fraction of a millisecond, more on a virtual machine). Having
+delivered with nothing else queued, the forward thread pauses (at most `_YIELD`) before its
+bookkeeping, so that the event loop it woke answers without waiting for the interpreter lock. Before
 running a prefetched batch the forward thread checks it is still the right one: if a request of a
 higher priority arrived meanwhile, or some of its requests were cancelled, the live entries go
 back to the queue and a fresh batch is taken. A failure in any stage fails exactly the requests of
@@ -33,6 +35,9 @@ from model_registry.types import EmbedItem, Item, Media, Prepared
 log = logging.getLogger(__name__)
 
 _POLL = 0.05
+#: The longest an idle forward thread waits after delivering before its bookkeeping: about the
+#: event loop's own path from waking to writing the response, after an idle spell.
+_YIELD = 0.001
 
 #: A text request of at most this estimated cost (tokens) is tokenized on the event loop itself:
 #: the hop to a prepare thread and back costs more than its tokenizing (a few hundred
@@ -129,6 +134,10 @@ class Worker:
         # the engine's threads just as they start (on a small machine, a pass stalled behind it).
         self._running = threading.Event()
         self._forwarding = False
+        # Set while the forward thread pauses after delivering (see `_pause`); work arriving sets
+        # `_resume` to end the pause.
+        self._pausing = False
+        self._resume = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy = False
@@ -148,6 +157,7 @@ class Worker:
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
         self._running.set()  # release the collator's wait
+        self._resume.set()  # and a forward thread's pause
         for request in self.batches.close():
             request.fail(ModelUnavailable(f"the model '{self.name}' was unloaded before this request ran"))
         self._slot_free.set()
@@ -198,11 +208,14 @@ class Worker:
         self.batches.wake()  # an idle forward thread waits in the queue, not on the handoff
 
     def _work_arrived(self) -> None:
-        """Work was queued: if a forward pass is running, the collator prefetches it. (The queue's
-        count rises before this reads `_forwarding`, which is set before the forward thread reads
-        the count: one of the two sees the other.)"""
+        """Work was queued: if a forward pass is running, the collator prefetches it; if the forward
+        thread pauses after one, it stops pausing. (The queue's count rises before this reads
+        `_forwarding` or `_pausing`, which are set before the forward thread reads the count: one
+        of the two sees the other.)"""
         if self._forwarding:
             self._running.set()
+        elif self._pausing:
+            self._resume.set()
 
     def _collate(self, batch: Batch) -> tuple[Batch, Any, float] | None:
         started = time.perf_counter()
@@ -256,17 +269,32 @@ class Worker:
         except Exception as error:
             failed = True
             self._fail(batch, error)
+            seconds = time.perf_counter() - started
         else:
             self._stamp(batch, forward_start, forward_end)
             for entry, result in zip(batch.entries, results, strict=True):
                 entry.request.deliver(entry.prepared.index, result)
-        seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            if not self.batches.depth and self._handoff.empty():
+                self._pause()
         # Admission plans with every stage a batch goes through, not the forward pass alone.
         self.batches.record(sum(e.prepared.cost for e in batch.entries), collating + seconds)
         if self._on_batch is not None:
             tokens = sum(e.prepared.tokens for e in batch.entries)
             capacity = self.batches.max_batch_tokens
             self._on_batch(BatchStats(self.name, len(batch.entries), batch.cost, tokens, seconds, failed, capacity))
+
+    def _pause(self) -> None:
+        """With nothing else to run, let the event loop answer first: the bookkeeping after a batch
+        holds the interpreter lock for a tenth of a millisecond after an idle spell, which the
+        loop, just woken by the delivery, would otherwise wait for. Work arriving ends the pause at
+        once and is taken by this thread (no prefetch: the collator stays asleep)."""
+        self._forwarding = False
+        self._pausing = True
+        if not self.batches.depth:  # read after `_pausing` is set: see `_work_arrived`
+            self._resume.wait(_YIELD)
+        self._pausing = False
+        self._resume.clear()
 
     def _stamp(self, batch: Batch, forward_start: float, forward_end: float) -> None:
         """Record the batch's times on each of its requests, before any of them is delivered."""

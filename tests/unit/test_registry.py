@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any, cast
 
 import numpy as np
@@ -19,6 +20,7 @@ from model_registry import (
     SyncRegistry,
     UnknownModel,
 )
+from model_registry import worker as worker_module
 from model_registry.adapters import Adapter
 from model_registry.adapters.fake import FakeAdapter, fake_vector
 from model_registry.types import Embedding, EmbedItem, Media, Modality, Text
@@ -95,6 +97,46 @@ async def test_the_collator_sleeps_through_an_idle_forward_and_prefetches_work_t
         await asyncio.gather(first, second)
         assert collating == ["fake-forward", "fake-collate"]
         assert adapter.batches == [1, 1]
+
+
+async def test_an_idle_forward_thread_pauses_after_delivering_until_work_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With nothing queued, the forward thread delivers, then pauses before its bookkeeping so that
+    # the event loop answers first. A pause far longer than the test must not hold anything up:
+    # work arriving ends it (and is taken by the forward thread itself, not the collator), and so
+    # does unloading the model.
+    monkeypatch.setattr(worker_module, "_YIELD", 60.0)
+    registry = Registry.from_config({"models": [fake()]})
+    await registry.start()
+    try:
+        adapter = adapter_of(registry, "fake")
+        collating: list[str] = []
+        original = adapter.collate
+
+        def collate(items: Any) -> list[str]:
+            collating.append(threading.current_thread().name)
+            return original(items)
+
+        adapter.collate = collate  # type: ignore[method-assign]
+        worker = registry._handles["fake"].worker
+        assert worker is not None
+        started = time.monotonic()
+        first = vectors(await registry.embed("fake", ["first"]))  # delivered before the pause
+        for _ in range(200):
+            if worker._pausing:
+                break
+            await asyncio.sleep(0.01)
+        assert worker._pausing
+        assert worker.busy  # its bookkeeping waits
+        second = vectors(await registry.embed("fake", ["second"]))
+        np.testing.assert_array_equal(first[0], fake_vector("first", 8))
+        np.testing.assert_array_equal(second[0], fake_vector("second", 8))
+        assert collating == ["fake-forward", "fake-forward"]
+        assert adapter.batches == [1, 1]
+    finally:
+        await registry.stop()
+    assert time.monotonic() - started < 10  # neither the second request nor the unload waited out a pause
 
 
 async def test_cancelled_requests_never_reach_the_model() -> None:

@@ -144,24 +144,43 @@ async def engine_inputs(
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client disconnects first (its queued items are dropped)."""
-    task = asyncio.ensure_future(work)
+    """Await `work`, cancelling it if the client disconnects first (its queued items are dropped).
 
-    async def disconnected() -> None:
+    `work` runs in the calling task, not in a task of its own that this one waits for: its result
+    reaches the handler in the same turn of the event loop instead of two turns later. A watcher
+    task cancels the caller on a disconnect, and that cancellation becomes `Cancelled` here."""
+    task = asyncio.current_task()
+    assert task is not None, "This is a bug: until_disconnected() runs in a task"
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
+                gone = True
+                task.cancel()
                 return
 
-    watcher = asyncio.ensure_future(disconnected())
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        result = await work
     except asyncio.CancelledError:
-        task.cancel()
+        if gone and _withdraw(task):  # ours alone, not also the server's (shutdown): the client left
+            raise Cancelled("the client disconnected before the request finished") from None
+        raise
+    except BaseException:
+        if gone:  # `work` turned the cancellation into its own error
+            _withdraw(task)
         raise
     finally:
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    raise Cancelled("the client disconnected before the request finished")
+    if gone:  # `work` finished anyway
+        _withdraw(task)
+    return result
+
+
+def _withdraw(task: asyncio.Task[Any]) -> bool:
+    """Take back one cancellation of `task`; whether none is left (always, before Python 3.11,
+    which does not count them)."""
+    return not hasattr(task, "uncancel") or task.uncancel() == 0
