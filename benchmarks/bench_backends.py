@@ -18,13 +18,15 @@ this process and served by `infinity-server serve` (one model, a subprocess) at 
      cut into batches of the server's token budget, with the heap frozen after the load and the
      thread that runs `forward` set up as the server does both: the ceiling the server can reach;
      the ratio server / in-process is the server's overhead;
-2. idle latency: single sentences one at a time over HTTP with the standard library's keep-alive
-   client, each followed by `IDLE_GAP`, a `/health` round trip (the HTTP floor) and `IDLE_GAP`
-   again, in blocks alternating with the engine's own single-sentence prepare + forward +
-   postprocess in-process at the same pace: p50s, and the server's stage times from its timing
-   headers. An idle engine's thread pool sleeps between requests and wakes on the next one, so
-   the idle forward is the reference for the server's idle latency. Then httpx's async client
-   alone, and the engine in-process back to back (hot).
+2. idle latency: single sentences one at a time over HTTP with a bare keep-alive client
+   (`serving.KeepAlive`: from the request's first byte to the response's last, parsed after), each
+   followed by `IDLE_GAP`, a `/health` round trip (the HTTP floor) and `IDLE_GAP` again, in blocks
+   alternating with the engine's own single-sentence prepare + forward + postprocess in-process at
+   the same pace: p50s, and the server's stage times from its timing headers. An idle engine's
+   thread pool sleeps between requests and wakes on the next one, so the idle forward is the
+   reference for the server's idle latency. Then the standard library's `http.client` (the
+   probe's client before the twelfth run) and httpx's async client alone, and the engine
+   in-process back to back (hot).
 sentence-transformers `encode(batch_size=32)` on the same inputs is the naive baseline. Converted
 models are cached (the user's engine cache), so only the first run exports. The CPU's model and
 vector extensions, the load average and the hypervisor's steal time are printed with the figures:
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_embeddings import bulk, long_documents, send, sentences
-from serving import free_port, start_server
+from serving import KeepAlive, free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -121,26 +123,47 @@ class Served:
 
         return statistics.median(asyncio.run(run())[3:]) * 1e3
 
-    def idle(self, text: str, connection: Any) -> tuple[float, dict[str, float]]:
-        """One sentence over the standard library's keep-alive `http.client` (little client-side
-        cost, so the figure is the server's; httpx adds 1-6 ms a request on this machine): seconds,
+    def idle(self, text: str, connection: KeepAlive) -> tuple[float, dict[str, float]]:
+        """One sentence over a bare keep-alive connection (`serving.KeepAlive`: the clock runs from
+        the request's first byte to the response's last, so the figure is the server's): seconds,
         and the server's stage times from its timing headers (ms)."""
         body = json.dumps({"model": MODEL, "input": [text]}).encode()
-        started = time.perf_counter()
-        connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        if response.status != 200:
-            raise RuntimeError(f"the server answered {response.status}: {response.read()!r}")
-        json.loads(response.read())
-        seconds = time.perf_counter() - started
-        return seconds, {stage: float(response.getheader(f"x-{stage}-time") or "nan") for stage in STAGES}
+        reply = connection.request("POST", "/v1/embeddings", body)
+        if reply.status != 200:
+            raise RuntimeError(f"the server answered {reply.status}: {reply.body!r}")
+        if len(json.loads(reply.body)["data"][0]["embedding"]) == 0:
+            raise RuntimeError("the server answered an empty embedding")
+        return reply.seconds, {stage: float(reply.headers.get(f"x-{stage}-time", "nan")) for stage in STAGES}
 
-    def health(self, connection: Any) -> float:
+    def health(self, connection: KeepAlive) -> float:
         """Seconds of one `/health` round trip: the HTTP floor (parsing, middleware, two wakes)."""
-        started = time.perf_counter()
-        connection.request("GET", "/health")
-        connection.getresponse().read()
-        return time.perf_counter() - started
+        reply = connection.request("GET", "/health")
+        if reply.status != 200:
+            raise RuntimeError(f"/health answered {reply.status}")
+        return reply.seconds
+
+    def idle_stdlib(self, probes: list[str]) -> float:
+        """p50 ms of single sentences one at a time (`IDLE_GAP` apart) with the standard library's
+        keep-alive `http.client`, the client of the runs before the twelfth; the difference from
+        the bare client's figure is `http.client`'s own parsing."""
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        latencies = []
+        try:
+            for text in probes:
+                body = json.dumps({"model": MODEL, "input": [text]}).encode()
+                started = time.perf_counter()
+                connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                json.loads(response.read())
+                latencies.append(time.perf_counter() - started)
+                if response.status != 200:
+                    raise RuntimeError(f"the server answered {response.status}")
+                time.sleep(IDLE_GAP)
+        finally:
+            connection.close()
+        return statistics.median(latencies[3:]) * 1e3
 
 
 class InProcess:
@@ -226,9 +249,7 @@ def idle(server: Served, local: InProcess, probes: list[str], rounds: int = 5) -
     forward pass would pay for that process's spinning (torch in-process: 9 ms alone, 13 ms in
     strict turns with the server). Blocks still put both sides in the same minute of the machine,
     whose idle figures drift by several ms between runs."""
-    import http.client
-
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    connection = KeepAlive("127.0.0.1", server.port)
     served: list[float] = []
     local_runs: list[float] = []
     floor: list[float] = []
@@ -296,6 +317,7 @@ def measure(
                 runs.setdefault(f"{name}_in_process", []).append(local.throughput(requests))
                 runs.setdefault(f"{name}_server", []).append(server.throughput(name, requests, encoding_format))
         figures: dict[str, Any] = idle(server, local, probes)
+        figures["idle_stdlib_p50_ms"] = server.idle_stdlib(probes)
         figures["idle_httpx_p50_ms"] = server.idle_httpx(probes)
         figures["single_hot_p50_ms"] = local.hot(probes)
     stolen_after, total_after = steal()
@@ -488,17 +510,19 @@ def report(results: dict[str, Any]) -> str:
         "the server's stages from its timing headers:",
         "",
         "| engine | server over HTTP | engine in-process, idle | difference (target <= 2) | hot in-process "
-        "| httpx client | /health | server: total | tokenization | queue | inference |",
-        "|" + "---|" * 11,
+        "| http.client | httpx client | /health | server: total | tokenization | queue | inference |",
+        "|" + "---|" * 12,
     ]
     for name, value in engines.items():
         if "health_p50_ms" not in value:  # a run from before the idle probes took turns
             continue
         served, local = value["idle_p50_ms"], value["single_idle_p50_ms"]
         stages = " | ".join(f"{value[f'server_{stage}_p50_ms']:.2f}" for stage in STAGES)
+        stdlib = value.get("idle_stdlib_p50_ms")  # runs before the twelfth probed with http.client itself
         lines.append(
             f"| {name} | {served:.2f} | {local:.2f} | {served - local:+.2f} | {value['single_hot_p50_ms']:.2f} "
-            f"| {value['idle_httpx_p50_ms']:.2f} | {value['health_p50_ms']:.2f} | {stages} |"
+            f"| {'' if stdlib is None else f'{stdlib:.2f}'} | {value['idle_httpx_p50_ms']:.2f} "
+            f"| {value['health_p50_ms']:.2f} | {stages} |"
         )
     lines.append(f"\nload average before {results['load_average_before']}, after {results['load_average_after']}")
     return "\n".join(lines)
