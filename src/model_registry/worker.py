@@ -269,14 +269,13 @@ class Worker:
         except Exception as error:
             failed = True
             self._fail(batch, error)
-            seconds = time.perf_counter() - started
         else:
             self._stamp(batch, forward_start, forward_end)
             for entry, result in zip(batch.entries, results, strict=True):
                 entry.request.deliver(entry.prepared.index, result)
-            seconds = time.perf_counter() - started
-            if not self.batches.depth and self._handoff.empty():
-                self._pause()
+        seconds = time.perf_counter() - started
+        if not failed and not self.batches.depth and self._handoff.empty():
+            self._pause()
         # Admission plans with every stage a batch goes through, not the forward pass alone.
         self.batches.record(sum(e.prepared.cost for e in batch.entries), collating + seconds)
         if self._on_batch is not None:

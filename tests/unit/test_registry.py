@@ -41,6 +41,19 @@ def vectors(results: Any) -> list[np.ndarray]:
     return [r.dense for r in results.items if isinstance(r, Embedding) and r.dense is not None]
 
 
+def collating_threads(adapter: FakeAdapter) -> list[str]:
+    """The names of the threads that collate `adapter`'s batches, from now on, in order."""
+    threads: list[str] = []
+    original = adapter.collate
+
+    def collate(items: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return original(items)
+
+    adapter.collate = collate  # type: ignore[method-assign]
+    return threads
+
+
 async def test_results_come_back_in_input_order_across_batches() -> None:
     texts = [" ".join(["w"] * n) + f" {n}" for n in (5, 1, 9, 3, 7, 2)]
     config = {"models": [{**fake(), "max_batch_tokens": 12}]}
@@ -77,14 +90,7 @@ async def test_a_failing_batch_fails_exactly_its_requests_of_the_same_priority_a
 async def test_the_collator_sleeps_through_an_idle_forward_and_prefetches_work_that_arrives() -> None:
     async with Registry.from_config({"models": [fake(delay=0.3)]}) as registry:
         adapter = adapter_of(registry, "fake")
-        collating: list[str] = []
-        original = adapter.collate
-
-        def collate(items: Any) -> list[str]:
-            collating.append(threading.current_thread().name)
-            return original(items)
-
-        adapter.collate = collate  # type: ignore[method-assign]
+        collating = collating_threads(adapter)
         worker = registry._handles["fake"].worker
         assert worker is not None
         first = asyncio.create_task(registry.embed("fake", ["alone"]))
@@ -111,14 +117,7 @@ async def test_an_idle_forward_thread_pauses_after_delivering_until_work_arrives
     await registry.start()
     try:
         adapter = adapter_of(registry, "fake")
-        collating: list[str] = []
-        original = adapter.collate
-
-        def collate(items: Any) -> list[str]:
-            collating.append(threading.current_thread().name)
-            return original(items)
-
-        adapter.collate = collate  # type: ignore[method-assign]
+        collating = collating_threads(adapter)
         worker = registry._handles["fake"].worker
         assert worker is not None
         started = time.monotonic()
