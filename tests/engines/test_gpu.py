@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from model_registry.adapters import LoadOptions, create_adapter
+from model_registry.adapters.dense import TextEncoder, as_tensor
 from model_registry.config import ModelSpec
 from model_registry.memory import CudaReading, load_and_measure, release, weight_bytes
 from model_registry.types import Result
@@ -54,6 +55,25 @@ def test_cuda_engines_match_torch_in_half_precision(bert: Path, tmp_path: Path, 
     adapter.unload()
 
 
+@pytest.mark.parametrize("backend", ["onnx", "ctranslate2"])
+def test_cuda_engines_leave_their_outputs_on_the_device_for_the_heads(bert: Path, tmp_path: Path, backend: str) -> None:
+    """Only the pooled rows come back to the host: the hidden state is taken on the device,
+    without a copy, in the engine's own type."""
+    cuda_for(backend)
+    adapter = load(bert, backend, tmp_path, device="cuda", dtype="float16")
+    assert isinstance(adapter, TextEncoder)
+    batch = adapter.collate(adapter.prepare(embed_items()))
+    output = adapter.run(batch.inputs)
+    assert not isinstance(output.hidden, np.ndarray)
+    states = adapter.states(output)
+    assert states.device.type == "cuda"
+    assert adapter.head_device.startswith("cuda")
+    raw = as_tensor(output.hidden)
+    assert raw.device.type == "cuda"
+    assert raw.shape == (len(embed_items()), batch.inputs.input_ids.shape[1], int(adapter.config.hidden_size))
+    adapter.unload()
+
+
 @pytest.mark.parametrize(("backend", "dtype"), [("onnx", "float16"), ("ctranslate2", "float16")])
 def test_cuda_engines_are_charged_the_device_memory_they_take_and_give_it_back(
     bert: Path, tmp_path: Path, backend: str, dtype: str
@@ -80,7 +100,9 @@ def test_cuda_engines_are_charged_the_device_memory_they_take_and_give_it_back(
     cycle()  # the first load also brings the CUDA libraries' handles, which stay for the process
     measured, before, loaded, after = cycle()
     assert measured >= weight_bytes(bert) // 2  # float16 weights at the least; torch's figures see none of it
-    assert loaded.used - before.used <= measured  # what it holds after the warm-up is all charged
+    # What it holds after the warm-up is all charged, but for torch's cache, which the heads'
+    # tensors may have grown by a segment past their peak and which every model shares.
+    assert loaded.used - before.used <= measured + (loaded.reserved - before.reserved)
     assert after.used - before.used <= max(measured // 10, 4 << 20)  # and unloading gives it back
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.engines import engine_for
@@ -52,6 +53,16 @@ class TextBatch:
     inputs: EncoderBatch
     attention_mask: torch.Tensor
     pool_mask: torch.Tensor
+
+
+def as_tensor(value: Any, device: str | None = None) -> torch.Tensor:
+    """An engine's output (see `EncoderOutput`) as a torch tensor on `device` (None: where it is),
+    without a copy when it is there already: a numpy array or torch tensor, CTranslate2's CUDA
+    `StorageView` through the CUDA array interface, ONNX Runtime's `OrtValue` through DLPack."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) or not hasattr(value, "__dlpack__"):
+        return torch.as_tensor(value, device=device)
+    tensor = from_dlpack(value)
+    return tensor if device is None else tensor.to(device)
 
 
 def load_dense_layer(layer: DenseLayer, device: str, dtype: torch.dtype) -> torch.nn.Sequential:
@@ -122,8 +133,10 @@ class TextEncoder(Adapter):
         engine.load(directory, self.engine_options(options, device))
         self.engine, self.backend = engine, engine.name
         self.device, self.dtype = engine.device, engine.dtype
+        # The heads run where the engine leaves its outputs: on its device (see `EncoderOutput`).
+        self.head_device = engine.device
         if isinstance(engine, backend.TorchEngine):
-            self.head_device, self.head_dtype = engine.device, engine.torch_dtype
+            self.head_dtype = engine.torch_dtype
             self.dtype = engine.torch_dtype
         working = backend.activation_estimate(config, options.max_batch_tokens, self.max_length, torch.float32)
         self._footprint = engine.footprint() + working
@@ -155,7 +168,7 @@ class TextEncoder(Adapter):
 
     def states(self, output: EncoderOutput) -> torch.Tensor:
         """The engine's last hidden state as a tensor on the heads' device, in the heads' dtype."""
-        return torch.as_tensor(output.hidden, device=self.head_device).to(self.head_dtype)
+        return as_tensor(output.hidden, self.head_device).to(self.head_dtype)
 
     def unload(self) -> None:
         if self.engine is not None:

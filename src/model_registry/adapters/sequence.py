@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from model_registry.adapters.base import LoadOptions
-from model_registry.adapters.dense import TextEncoder
+from model_registry.adapters.dense import TextEncoder, as_tensor
 from model_registry.adapters.text import pad
 from model_registry.backends.base import EncoderBatch, Task
 from model_registry.detect import Layout
@@ -34,21 +34,23 @@ class Encoded:
     type_ids: tuple[int, ...]
 
 
-def classifier_head(directory: Path, config: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+def classifier_head(directory: Path, config: Any, device: str = "cpu") -> Callable[[torch.Tensor], torch.Tensor]:
     """The head of a `*ForSequenceClassification` checkpoint as a function of the last hidden
-    state, for engines that return only the encoder's states (CTranslate2).
+    state, for engines that return only the encoder's states (CTranslate2), on `device` (where
+    the engine leaves those states).
 
     The checkpoint is read once on CPU and everything but the head is dropped."""
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=torch.float32).eval()
     kind = str(getattr(config, "model_type", ""))
-    classifier = model.classifier
+    classifier = model.classifier.to(device)
     if kind == "distilbert":
-        pre = model.pre_classifier
+        pre = model.pre_classifier.to(device)
         return lambda states: classifier(torch.relu(pre(states[:, 0])))
     pooler = getattr(getattr(model, model.base_model_prefix, None), "pooler", None)
     if kind == "bert" and pooler is not None:
+        pooler = pooler.to(device)
         return lambda states: classifier(pooler(states))
     if kind in ("roberta", "xlm-roberta", "camembert"):
         return lambda states: classifier(states)  # these heads take the CLS state themselves
@@ -94,7 +96,7 @@ class SequenceClassifier(TextEncoder):
         self.tokenizer.enable_pairs()
         self.decoder = bool(getattr(self.engine, "decoder", False))
         if not self.engine.carries_head(self.task):
-            self.head = classifier_head(self.layout.transformer_dir, self.config)
+            self.head = classifier_head(self.layout.transformer_dir, self.config, self.head_device)
 
     def unload(self) -> None:
         self.head = None
@@ -164,7 +166,7 @@ class SequenceClassifier(TextEncoder):
         output = self.run(batch.inputs)
         with torch.inference_mode():
             if output.logits is not None:
-                logits = torch.as_tensor(output.logits)
+                logits = as_tensor(output.logits)
             else:
                 assert self.head is not None, "This is a bug: the engine returned no logits and no head is loaded"
                 logits = self.head(self.states(output))

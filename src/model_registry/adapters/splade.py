@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from model_registry.adapters.base import LoadOptions
-from model_registry.adapters.dense import TextBatch, TextEncoder
+from model_registry.adapters.dense import TextBatch, TextEncoder, as_tensor
 from model_registry.adapters.items import embed_item
 from model_registry.backends.base import Task
 from model_registry.detect import Layout, read_json
@@ -25,10 +25,20 @@ from model_registry.types import Capability, Embedding, Item, Kind, Output, Prep
 _SPARSE = frozenset({Output.SPARSE})
 
 
+#: At most this many logits are widened to float32 at once (64 MiB).
+_WIDENED = 1 << 24
+
+
 def splade_pool(logits: torch.Tensor, mask: torch.Tensor, strategy: str = "max") -> torch.Tensor:
-    """(batch, tokens, vocab) logits -> (batch, vocab) weights, padding excluded."""
-    # In place: the (batch, tokens, vocab) tensor is the largest thing a SPLADE batch holds.
-    weights = logits.float()
+    """(batch, tokens, vocab) logits -> (batch, vocab) weights, padding excluded, in float32."""
+    if logits.dtype != torch.float32:
+        # Half-precision logits (on CUDA) are widened a few rows at a time, never the whole batch:
+        # the (batch, tokens, vocab) tensor is the largest thing a SPLADE batch holds.
+        rows = max(1, _WIDENED // max(1, logits.shape[1] * logits.shape[2]))
+        parts = zip(torch.split(logits, rows), torch.split(mask, rows), strict=True)
+        return torch.cat([splade_pool(part.float(), part_mask, strategy) for part, part_mask in parts])
+    # In place, for the same reason.
+    weights = logits
     torch.relu_(weights)
     torch.log1p_(weights)
     weights.mul_(mask.unsqueeze(-1).to(torch.float32))
@@ -80,7 +90,7 @@ class SpladeAdapter(TextEncoder):
     def forward(self, batch: TextBatch) -> torch.Tensor:
         output = self.run(batch.inputs)
         with torch.inference_mode():
-            logits = torch.as_tensor(output.logits)
+            logits = as_tensor(output.logits)
             mask = batch.attention_mask.to(logits.device)
             pooled: torch.Tensor = splade_pool(logits, mask, self.strategy).cpu()
             return pooled

@@ -58,8 +58,10 @@ class EncoderOutput:
     """`hidden`: (batch, tokens, hidden) last hidden state; `logits`: (batch, labels) or
     (batch, tokens, vocab) for the task's head when the engine carries it, else None.
 
-    Arrays are numpy on CPU, or torch tensors on the model's device for the torch engine;
-    `torch.as_tensor` takes either without a copy."""
+    On CPU they are numpy arrays. On CUDA they stay on the device, in the engine's own type: a torch
+    tensor (torch), an `OrtValue` (ONNX Runtime, DLPack) or a `StorageView` (CTranslate2, the CUDA
+    array interface), so that the adapter's heads run there and only their results come back to
+    the host; `adapters.dense.as_tensor` takes each of them without a copy."""
 
     hidden: Any = None
     logits: Any = None

@@ -148,22 +148,28 @@ class Ct2Engine(Engine):
         ids = np.ascontiguousarray(batch.input_ids, dtype=np.int32)
         lengths = mask.sum(axis=1).astype(np.int32)
         types = None if batch.token_type_ids is None else np.ascontiguousarray(batch.token_type_ids, dtype=np.int32)
-        encoder, cpu = self.encoder, self.device == "cpu"
+        encoder = self.encoder
 
-        def run(rows: slice) -> np.ndarray:
+        def forward(rows: slice) -> Any:
             part_types = None if types is None else ctranslate2.StorageView.from_array(types[rows])
             output = encoder.forward_batch(
                 ctranslate2.StorageView.from_array(ids[rows]),
                 ctranslate2.StorageView.from_array(lengths[rows]),
                 token_type_ids=part_types,
             )
-            states = output.last_hidden_state
-            if not cpu:
-                states = states.to_device(ctranslate2.Device.cpu)
-            return np.asarray(states, dtype=np.float32)
+            return output.last_hidden_state
 
         with compute_slot(self.device):
-            return EncoderOutput(hidden=run_in_lanes(run, ids.shape[0], self.lanes))
+            if self.device != "cpu":
+                # The state stays on the device, a `StorageView` that torch takes through the CUDA
+                # array interface without a copy: the adapter pools it there. The encoder has
+                # synchronized its stream before returning it.
+                return EncoderOutput(hidden=forward(slice(0, ids.shape[0])))
+
+            def on_host(rows: slice) -> np.ndarray:
+                return np.asarray(forward(rows), dtype=np.float32)
+
+            return EncoderOutput(hidden=run_in_lanes(on_host, ids.shape[0], self.lanes))
 
     def footprint(self) -> int:
         return self._bytes if self.encoder is not None else 0

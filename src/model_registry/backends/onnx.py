@@ -191,12 +191,12 @@ class OnnxEngine(Engine):
             feeds["token_type_ids"] = types if types is not None else np.zeros_like(batch.input_ids)
         with compute_slot(self.device):
             if self.device.startswith("cuda"):
-                array = np.asarray(self._cuda_run(feeds)[0], dtype=np.float32)
+                value: Any = self._cuda_run(feeds)
             else:
-                array = run_in_lanes(self._cpu_run(feeds), batch.input_ids.shape[0], self.lanes)
+                value = run_in_lanes(self._cpu_run(feeds), batch.input_ids.shape[0], self.lanes)
         if self.output == "last_hidden_state":
-            return EncoderOutput(hidden=array)
-        return EncoderOutput(logits=array)
+            return EncoderOutput(hidden=value)
+        return EncoderOutput(logits=value)
 
     def _cpu_run(self, feeds: dict[str, np.ndarray]) -> Callable[[slice], np.ndarray]:
         """A lane's work: the session on its rows of `feeds`."""
@@ -209,16 +209,21 @@ class OnnxEngine(Engine):
 
         return run
 
-    def _cuda_run(self, feeds: dict[str, np.ndarray]) -> list[Any]:
-        """IO binding: inputs copied once to the device, the output allocated there by ORT."""
+    def _cuda_run(self, feeds: dict[str, np.ndarray]) -> ort.OrtValue:
+        """IO binding: inputs copied once to the device, the output allocated there by ONNX Runtime
+        and left there, as an `OrtValue` that torch takes by DLPack without a copy: the adapter
+        pools on the device and only the pooled rows come back to the host. (A batch's hidden
+        state copied back would be 25 MB for 16,384 tokens of MiniLM, a SPLADE batch's vocabulary
+        logits gigabytes.) The run has finished with the output when it returns: the CUDA provider
+        synchronizes its stream at the end of each run."""
         assert self.session is not None
         binding = self.session.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         binding.bind_output(self.output, "cuda", int(self.device.partition(":")[2] or 0))
         self.session.run_with_iobinding(binding)
-        outputs: list[Any] = binding.copy_outputs_to_cpu()
-        return outputs
+        output: ort.OrtValue = binding.get_outputs()[0]
+        return output
 
     def footprint(self) -> int:
         return self._bytes if self.session is not None else 0
