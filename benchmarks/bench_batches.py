@@ -20,7 +20,7 @@ seconds per padded token with the interpreter lock released, in the server and i
 with the GPU's token budget per batch; with `--stand-in-ops N` each batch first launches N
 operations one at a time, each releasing the lock and taking it back, as eager torch does on a GPU,
 and with `--stand-in-width 384` it hands back hidden states of MiniLM's width, which the server
-pools on the host as it does a converting engine's on a GPU (8 by default: pooling next to free).
+pools on the host (8 by default: pooling next to free).
 `--freeze off` runs the server with `gc.freeze` disabled (as before `model_registry.heap`), `both`
 alternates the two `--rounds` times. `--gc-thresholds` runs the server with each of the given
 collector thresholds in turn (`gc.set_threshold`'s arguments, settings separated by "/"; the

@@ -5,11 +5,11 @@ device works, so the server's own Python work around it (parsing, tokenizing, ba
 decides the throughput. `stand_in` gives a CPU-only machine that regime: the ONNX Runtime engine's
 `run` becomes a sleep of a fixed time per padded token (the lock is released, as during a device
 sync) that returns a last hidden state of ones, 8 wide by default, so that pooling costs next to
-nothing; `width` 384 returns the bundled model's width, so that the host pools what a converting
-engine on a GPU hands back (its states come back to the host and pool there). With `ops`, each
-batch first launches that many operations one at a time, as eager torch does on a GPU: each
-releases the lock for a few microseconds of work and takes it back, so that a thread holding the
-lock meanwhile delays the next launch.
+nothing; `width` 384 returns the bundled model's width, so that the host pools states of a real
+size, as it did for a converting engine on a GPU before their outputs stayed on the device. With
+`ops`, each batch first launches that many operations one at a time, as eager torch does on a
+GPU: each releases the lock for a few microseconds of work and takes it back, so that a thread
+holding the lock meanwhile delays the next launch.
 
 `switch_interval` sets the interpreter's switch interval (`sys.setswitchinterval`) in the server,
 for `bench_batches.py --switch-interval`.

@@ -157,8 +157,8 @@ class TextEncoder(Adapter):
         thread alone: its pool's other threads would spin for milliseconds after each parallel
         operator on the cores the engine's threads are using (CTranslate2 int8 on 2 cores, over
         HTTP against in process: 0.85 of its rate with them, 0.91-1.02 without). On CUDA the engine
-        needs no cores, and the host pools 16,384-token batches: a third of ONNX Runtime's forward
-        thread on an H200 (profiled), so there the thread keeps torch's pool."""
+        needs no cores and the heads run on the device with its outputs (see `EncoderOutput`), so
+        there the thread keeps torch's pool."""
         if self.small_heads and self.backend != "torch" and not str(self.device).startswith("cuda"):
             backend.confine(1)
 
