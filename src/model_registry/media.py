@@ -52,7 +52,8 @@ class MediaLimits:
     - `max_media_expansion`: decoded RGB bytes per encoded byte (above `DECODE_FLOOR`), so a few
       hundred bytes of PNG cannot become a gigabyte of pixels;
     - `max_audio_seconds`: the declared duration of a clip;
-    - `max_audio_samples`: channels x frames of the part that is decoded (the model's window).
+    - `max_audio_samples`: channels x frames of the part that is decoded (the model's window), and
+      the samples that part resamples to at the model's rate.
     """
 
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
@@ -164,8 +165,9 @@ def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits, window
     """Mono float32 samples at `rate` Hz: the first `window` of them (at `rate`) or the whole clip.
 
     From the header, before any sample is decoded: the duration against `max_audio_seconds`, and
-    channels x frames to be read against `max_audio_samples`. Only the frames the window needs
-    (plus the resampler's margin) are read and resampled, never the rest of the clip.
+    both channels x frames to be read and the samples they resample to against `max_audio_samples`
+    (a clip at 10 Hz holds few frames but resamples to thousands of times as many). Only the frames
+    the window needs (plus the resampler's margin) are read and resampled, never the rest of the clip.
     """
     import soundfile
 
@@ -184,7 +186,7 @@ def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits, window
             cap = int(limits.max_audio_seconds * native_rate) + 1
             if window is not None:
                 cap = min(cap, _frames_for(window, rate, native_rate))
-            check_audio_samples(channels, native_rate, min(cap, max(handle.frames, 1)), index, limits)
+            check_audio_samples(channels, native_rate, min(cap, max(handle.frames, 1)), rate, index, limits)
             samples = handle.read(frames=cap, dtype="float32", always_2d=True)
     except InvalidInput:
         raise
@@ -194,6 +196,7 @@ def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits, window
         raise _bad(index, "the audio has no samples")
     if samples.shape[0] / native_rate > limits.max_audio_seconds:
         raise _bad(index, _too_long(samples.shape[0] / native_rate, limits))
+    check_resampled(samples.shape[0], native_rate, rate, index, limits)
     mono = samples.mean(axis=1, dtype=np.float32)
     if not np.isfinite(mono).all():
         raise _bad(index, "the audio holds non-finite samples")
@@ -207,12 +210,27 @@ def _frames_for(window: int, rate: int, native_rate: int) -> int:
     return needed + max(256, needed // 100)
 
 
-def check_audio_samples(channels: int, native_rate: int, frames: int, index: int, limits: MediaLimits) -> None:
+def check_audio_samples(
+    channels: int, native_rate: int, frames: int, rate: int, index: int, limits: MediaLimits
+) -> None:
+    """Refuse `frames` of `channels` whose samples, as read or as resampled to `rate`, pass the limit."""
     if channels * frames > limits.max_audio_samples:
         raise _bad(
             index,
             f"the audio would decode to {channels} channels x {frames:,} frames at {native_rate:,} Hz = "
             f"{channels * frames:,} samples, more than the limit of {limits.max_audio_samples:,} (max_audio_samples)",
+        )
+    check_resampled(frames, native_rate, rate, index, limits)
+
+
+def check_resampled(frames: int, native_rate: int, rate: int, index: int, limits: MediaLimits) -> None:
+    """Refuse, before resampling, frames that would resample to more than `max_audio_samples`."""
+    resampled = math.ceil(frames * rate / native_rate)
+    if resampled > limits.max_audio_samples:
+        raise _bad(
+            index,
+            f"the audio's {frames:,} frames at {native_rate:,} Hz would resample to {resampled:,} samples at "
+            f"{rate:,} Hz, more than the limit of {limits.max_audio_samples:,} (max_audio_samples)",
         )
 
 

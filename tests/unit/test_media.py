@@ -130,3 +130,31 @@ def test_channels_times_frames_are_limited_before_decoding() -> None:
         decode_audio(many, 1, 48000, MediaLimits(max_audio_samples=100_000))
     # Only the window counts: a quarter second of eight channels fits.
     assert len(decode_audio(many, 1, 48000, MediaLimits(max_audio_samples=100_000), window=12000)) == 12000
+
+
+def test_a_low_rate_clip_is_refused_by_its_resampled_length_before_any_sample_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """300 frames at 10 Hz pass any frame count, but at 48 kHz they are 300 x 4,800 samples."""
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("samples were read before the resampled length was checked")
+
+    clip = wav_bytes(30.0, rate=10)
+    limits = MediaLimits(max_audio_samples=1_000_000)
+    monkeypatch.setattr(soundfile.SoundFile, "read", never)
+    with pytest.raises(
+        InvalidInput,
+        match=r"input 2: the audio's 300 frames at 10 Hz would resample to 1,440,000 samples at 48,000 Hz, "
+        r"more than the limit of 1,000,000 \(max_audio_samples\)",
+    ):
+        decode_audio(clip, 2, 48000, limits)
+    monkeypatch.undo()
+    assert len(decode_audio(clip, 2, 48000, MediaLimits(max_audio_samples=1_440_000))) == 1_440_000
+
+
+def test_the_window_s_resampled_read_is_what_counts() -> None:
+    """With a window, the frames read (the window plus the resampler's margin) are what resamples."""
+    clip = wav_bytes(600.0, rate=1)  # the model reads 1 + 256 frames of it: 12,336,000 samples at 48 kHz
+    with pytest.raises(InvalidInput, match=r"input 0: the audio's 257 frames at 1 Hz would resample to 12,336,000"):
+        decode_audio(clip, 0, 48000, MediaLimits(max_audio_samples=1_000_000), window=48000)
