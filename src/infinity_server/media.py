@@ -4,9 +4,13 @@ A URL is fetched only over http(s), within a timeout, a byte limit and a redirec
 from a public address: the host is resolved here, every address it resolves to is checked, and
 the connection goes to the checked address (with the original Host header and TLS server name),
 so a DNS answer cannot change between the check and the connection. Every redirect is checked the
-same way. Loopback, private, link-local, cloud-metadata, multicast and unspecified addresses are
-refused unless the configuration allows private addresses or names the host in `allowed_hosts`;
-an IPv6 address that embeds an IPv4 one is judged by what it embeds (`addresses.py`).
+same way. Loopback, private, link-local, cloud-metadata, site-local, multicast and unspecified
+addresses are refused unless the configuration allows private addresses or names the host in
+`allowed_hosts`; an IPv6 address that embeds an IPv4 one is judged by what it embeds (`addresses.py`).
+
+A server shares one `httpx.AsyncClient` for all its fetches (`shared_media_client`, closed by
+`close_media_client` when the app stops): its TLS context and CA bundle are loaded once. Each
+request still goes to an address checked for that request, and no connection is kept for reuse.
 
 Before anything is decoded or fetched, the request's input count and URL count are checked. A
 request fetches at most `concurrency` URLs at once, the server at most `server.media_max_fetches`,
@@ -14,6 +18,8 @@ and the fetched bytes held server-wide are bounded (`media_limits.py`). A compre
 counted as the bytes it decompresses to, as they stream, and stops at the byte limit.
 
 Every failure is an `InvalidInput` naming the input's index: a 400 for the request, nothing more.
+Its message names the URL as the client gave it (or a redirect's target), never an address the
+server resolved a name to: the client must not learn the server's view of internal DNS.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -106,8 +113,10 @@ class MediaFetcher:
         gate: FetchGate | None = None,
         resolver: Resolver = system_resolver,
         transport: httpx.AsyncBaseTransport | None = None,
+        client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.policy, self.resolver, self.transport = policy, resolver, transport
+        """`client` is the server's shared one (`shared_media_client`); without it each call makes its own."""
+        self.policy, self.resolver, self.transport, self.client = policy, resolver, transport, client
         self.gate = gate or FetchGate(max_fetches=policy.concurrency, max_bytes_in_flight=2**62)
 
     @asynccontextmanager
@@ -150,7 +159,7 @@ class MediaFetcher:
             async with own:
                 return await self.load(client, value, index, modality, holding)
 
-        async with self._client() as client:
+        async with self._session() as client:
             tasks = [asyncio.ensure_future(one(client, i, v)) for i, v in enumerate(values)]
             try:
                 await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -188,9 +197,14 @@ class MediaFetcher:
                 raise _bad(index, f"fetching {value} took longer than {self.policy.timeout:g}s") from None
         return Media(modality, data, source=value)
 
-    def _client(self) -> httpx.AsyncClient:
-        timeout = httpx.Timeout(self.policy.timeout)
-        return httpx.AsyncClient(timeout=timeout, follow_redirects=False, transport=self.transport, trust_env=False)
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[httpx.AsyncClient]:
+        """The shared client, left open; or one of this call's own, closed after it."""
+        if self.client is not None:
+            yield self.client
+            return
+        async with media_client(self.policy.timeout, self.transport) as client:
+            yield client
 
     async def _fetch(self, client: httpx.AsyncClient, url: str, index: int, holding: Holding) -> bytes:
         current = httpx.URL(url)
@@ -230,13 +244,15 @@ class MediaFetcher:
             except httpx.HTTPError as error:
                 failure = error
                 break
-        raise _bad(index, f"fetching {url} failed: {type(failure).__name__} {failure}")
+        raise _bad(index, f"fetching {url} failed: {type(failure).__name__} {_hide(str(failure), addresses, host)}")
 
     async def _addresses(self, host: str, port: int, index: int, trusted: bool) -> list[str]:
         """Every address `host` resolves to, all of them checked; one refused address refuses the host."""
         try:
             candidates: list[Address] = [ipaddress.ip_address(host)]
+            resolved_here = False
         except ValueError:
+            resolved_here = True
             try:
                 resolved = await self.resolver(host, port)
             except OSError as error:
@@ -245,12 +261,14 @@ class MediaFetcher:
         if not candidates:
             raise _bad(index, f"the host '{host}' resolves to no address")
         for address in candidates:
-            reason = refused_reason(address)
+            # A literal's detail is the client's own input; a resolved name's addresses are not.
+            reason = refused_reason(address, detail=not resolved_here)
             if reason is not None and not trusted:
+                verb = "resolves to an address that is" if resolved_here else "is"
                 raise _bad(
                     index,
-                    f"the URL's host '{host}' is {address}, a {reason} address; such addresses are not fetched "
-                    "unless the server allows them (server.media_allow_private or server.media_allowed_hosts)",
+                    f"the URL's host '{host}' {verb} {reason}; addresses that are not public are fetched only "
+                    "when the server allows them (server.media_allow_private or server.media_allowed_hosts)",
                 )
         return list(dict.fromkeys(str(a) for a in candidates))
 
@@ -277,3 +295,40 @@ class MediaFetcher:
         if not decoder.produced:
             raise _bad(index, f"{url} is empty")
         return b"".join(chunks)
+
+
+def media_client(timeout: float, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    """A client for media fetches: no proxy from the environment, no redirects of its own, and no
+    kept connection, since a pooled TLS connection is keyed by address, not by the server name it
+    was verified for, and would carry another name's request on the same address."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout),
+        follow_redirects=False,
+        transport=transport,
+        trust_env=False,
+        limits=httpx.Limits(max_keepalive_connections=0),
+    )
+
+
+def shared_media_client(state: Any, timeout: float) -> httpx.AsyncClient:
+    """The app's one media client (on `state.media_client`), made on first use."""
+    client: httpx.AsyncClient | None = getattr(state, "media_client", None)
+    if client is None or client.is_closed:
+        client = state.media_client = media_client(timeout)
+    return client
+
+
+async def close_media_client(state: Any) -> None:
+    """Close the app's media client, if one was made; for the app's lifespan, when it stops."""
+    client: httpx.AsyncClient | None = getattr(state, "media_client", None)
+    state.media_client = None
+    if client is not None:
+        await client.aclose()
+
+
+def _hide(message: str, addresses: Sequence[str], host: str) -> str:
+    """`message` with each address the host resolved to written as the host's name."""
+    for address in addresses:
+        if address != host:
+            message = message.replace(address, host)
+    return message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,8 +35,9 @@ def files(data_dir: Path) -> Iterator[tuple[str, list[str]]]:
 
 @pytest.fixture(scope="module")
 def strict(models: dict[str, Path]) -> Iterator[httpx.Client]:
-    """Default media policy: no private address is allowed."""
-    registry = {"max_audio_seconds": 2.0}
+    """Default media policy: no private address is allowed. 60,000 samples fit a 1-second clip at
+    CLAP's 48 kHz with the resampler's margin, not 2 seconds of audio resampled to it."""
+    registry = {"max_audio_seconds": 2.0, "max_audio_samples": 60_000}
     with media_server(models, registry, max_body_bytes=BODY_LIMIT) as live, live.client() as client:
         yield client
 
@@ -68,6 +70,9 @@ def assert_healthy(client: httpx.Client) -> None:
         ("10.0.0.1", "private"),
         ("169.254.169.254", "link-local"),
         ("localhost:{port}", "loopback"),
+        ("[fec0::1]", "site-local"),
+        ("[2600:1f18::5efe:a9fe:a9fe]", "(ISATAP form of 169.254.169.254)"),
+        ("[2600:1f18::200:5efe:a9fe:a9fe]", "(ISATAP form of 169.254.169.254)"),
     ],
 )
 def test_private_urls_are_refused(strict: httpx.Client, files: tuple[str, list[str]], host: str, reason: str) -> None:
@@ -165,3 +170,50 @@ def test_wrong_modality_and_unknown_model(strict: httpx.Client, data_dir: Path) 
     not_multipart = strict.post("/v1/embeddings/upload", json={"model": "clip"})
     assert not_multipart.status_code == 415
     assert_healthy(strict)
+
+
+def test_a_refused_name_is_named_never_its_resolved_address(strict: httpx.Client, files: tuple[str, list[str]]) -> None:
+    base, hits = files
+    port = base.rsplit(":", 1)[1]
+    before = len(hits)
+    response = strict.post("/embeddings_image", json={"model": "clip", "input": [f"http://localhost:{port}/{PHOTO}"]})
+    assert_refused(response, 400, "input 0", "the URL's host 'localhost' resolves to an address that is loopback")
+    message = response.json()["error"]["message"]
+    assert "127.0.0.1" not in message
+    assert "::1" not in message
+    assert len(hits) == before
+    assert_healthy(strict)
+
+
+def test_audio_at_a_very_low_rate_is_refused_by_its_resampled_length(strict: httpx.Client) -> None:
+    """Two frames at 1 Hz pass any frame count; at CLAP's 48 kHz they are 96,000 samples."""
+    clip = wav_bytes(2.0, rate=1)
+    files = [("file", ("slow.wav", clip, "audio/wav"))]
+    response = strict.post("/v1/embeddings/upload", data={"model": "clap"}, files=files)
+    assert_refused(
+        response,
+        400,
+        "input 0",
+        "2 frames at 1 Hz would resample to 96,000 samples at 48,000 Hz, more than the limit of 60,000",
+    )
+    assert_healthy(strict)
+
+
+def test_media_requests_share_one_http_client(
+    models: dict[str, Path], files: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[object] = []
+
+    class Counted(httpx.AsyncClient):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            made.append(self)
+
+    base, _ = files
+    monkeypatch.setattr(httpx, "AsyncClient", Counted)
+    clip_only = {"clip": models["clip"]}
+    with media_server(clip_only, media_allowed_hosts=("127.0.0.1",)) as live, live.client() as client:
+        for _ in range(2):
+            payload = {"model": "clip", "input": [f"{base}/{PHOTO}", f"{base}/{PHOTO}"]}
+            assert client.post("/embeddings_image", json=payload).status_code == 200
+    assert len(made) == 1

@@ -6,12 +6,14 @@ import asyncio
 import base64
 import ipaddress
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 
-from infinity_server.addresses import refused_reason
-from infinity_server.media import FetchPolicy, MediaFetcher
+from infinity_server.addresses import embedded_ipv4, refused_reason
+from infinity_server.media import FetchPolicy, MediaFetcher, close_media_client, media_client, shared_media_client
 from model_registry.errors import InvalidInput
 from model_registry.types import Media, Modality
 
@@ -89,6 +91,13 @@ def fetch(f: MediaFetcher, *urls: str) -> list[Media]:
         ("::ffff:93.184.215.14", None),
         ("64:ff9b::5db8:d70e", None),
         ("2002:5db8:d70e::1", None),
+        ("fec0::1", "site-local"),  # deprecated, still routed inside some networks
+        ("2600:1f18::5efe:a9fe:a9fe", "link-local"),  # ISATAP for 169.254.169.254
+        ("2600:1f18::200:5efe:a9fe:a9fe", "link-local"),  # ISATAP, universal bit set
+        ("2600:1f18::5efe:a00:1", "private"),
+        ("fd00::200:5efe:5db8:d70e", "private"),  # a public IPv4 behind a private prefix
+        ("2002:5db8:d70e:0:0:5efe:7f00:1", "loopback"),  # 6to4 prefix, ISATAP identifier
+        ("2600:1f18::200:5efe:5db8:d70e", None),
     ],
 )
 def test_refused_reason(address: str, reason: str | None) -> None:
@@ -111,11 +120,14 @@ def test_refused_reason(address: str, reason: str | None) -> None:
         "http://[64:ff9b:1::a00:1]/a.png",
         "http://[::7f00:1]/a.png",
         "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/a.png",
+        "http://[fec0::1]/a.png",
+        "http://[2600:1f18::5efe:a9fe:a9fe]/latest/meta-data/",
+        "http://[2600:1f18::200:5efe:a9fe:a9fe]/latest/meta-data/",
     ],
 )
 def test_private_targets_are_refused_before_connecting(url: str) -> None:
     recorder = Recorder({})
-    with pytest.raises(InvalidInput, match=r"input 0: the URL's host .* address"):
+    with pytest.raises(InvalidInput, match=r"input 0: the URL's host .* addresses that are not public"):
         fetch(fetcher(recorder), url)
     assert recorder.seen == []
 
@@ -240,8 +252,9 @@ def test_allowed_ipv6_literal_is_fetched_at_that_address() -> None:
 
 def test_a_host_with_one_private_address_among_public_ones_is_refused() -> None:
     recorder = Recorder({})
-    with pytest.raises(InvalidInput, match=r"is 10\.9\.9\.9, a private address"):
+    with pytest.raises(InvalidInput, match=r"host 'mixed\.example' resolves to an address that is private;") as refused:
         fetch(fetcher(recorder, {"mixed.example": [PUBLIC, "10.9.9.9"]}), "http://mixed.example/a.png")
+    assert "10.9.9.9" not in str(refused.value)
     assert recorder.seen == []
 
 
@@ -409,3 +422,131 @@ def test_an_empty_list_fetches_nothing() -> None:
     recorder = Recorder({})
     assert fetch(fetcher(recorder)) == []
     assert recorder.seen == []
+
+
+def embedding_forms(ipv4: str) -> dict[str, str]:
+    """Each IPv6 form that carries `ipv4`, built by hand from its RFC's layout."""
+    n = int(ipaddress.IPv4Address(ipv4))
+    high, low = f"{n >> 16:x}", f"{n & 0xFFFF:x}"
+    hidden = n ^ 0xFFFFFFFF  # Teredo obfuscates the client's address
+    return {
+        "IPv4-mapped": f"::ffff:{ipv4}",
+        "IPv4-compatible": f"::{ipv4}",
+        "NAT64": f"64:ff9b::{ipv4}",
+        "NAT64 local-use": f"64:ff9b:1::{ipv4}",
+        "6to4": f"2002:{high}:{low}::1",
+        "Teredo server": f"2001:0:{high}:{low}:8000:0:a2ff:fff1",
+        "Teredo client": f"2001:0:5db8:d70e:8000:0:{hidden >> 16:x}:{hidden & 0xFFFF:x}",
+        "ISATAP": f"2600:1f18::5efe:{ipv4}",
+        "ISATAP universal": f"2600:1f18::200:5efe:{ipv4}",
+    }
+
+
+REFUSED_IPV4 = ["127.0.0.1", "10.0.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "224.0.0.1", "240.0.0.1"]
+
+
+@pytest.mark.parametrize("form", list(embedding_forms(PUBLIC)))
+@pytest.mark.parametrize("ipv4", REFUSED_IPV4)
+def test_every_embedding_form_is_refused_like_the_ipv4_it_carries(ipv4: str, form: str) -> None:
+    own = refused_reason(ipaddress.IPv4Address(ipv4))
+    assert own is not None
+    found = refused_reason(ipaddress.ip_address(embedding_forms(ipv4)[form]))
+    assert found is not None
+    assert found.startswith(own)
+    assert f"form of {ipv4})" in found
+
+
+@pytest.mark.parametrize(
+    ("form", "refused"),
+    [
+        ("IPv4-mapped", False),
+        ("NAT64", False),
+        ("6to4", False),
+        ("ISATAP", False),
+        ("ISATAP universal", False),
+        ("IPv4-compatible", True),  # `::/8` is reserved: only the private forms of it mean anything
+        ("NAT64 local-use", True),  # never public, whatever it carries
+        ("Teredo server", True),  # a Teredo address is never public
+        ("Teredo client", True),
+    ],
+)
+def test_a_public_ipv4_in_each_form(form: str, refused: bool) -> None:
+    assert ipaddress.IPv4Address(PUBLIC).is_global
+    found = refused_reason(ipaddress.ip_address(embedding_forms(PUBLIC)[form]))
+    assert (found is not None) == refused, found
+
+
+@pytest.mark.parametrize(
+    ("resolved", "kind"),
+    [
+        ("169.254.169.254", "link-local"),
+        ("2600:1f18::5efe:a9fe:a9fe", "link-local"),
+        ("2002:7f00:1::", "loopback"),
+        ("fec0::1", "site-local"),
+        ("10.20.30.40", "private"),
+    ],
+)
+def test_a_refused_name_is_named_never_its_resolved_address(resolved: str, kind: str) -> None:
+    recorder = Recorder({})
+    with pytest.raises(
+        InvalidInput, match=rf"input 0: the URL's host 'inside\.example' resolves to an address that is {kind}"
+    ) as error:
+        fetch(fetcher(recorder, {"inside.example": [resolved]}), "http://inside.example/a.png")
+    message = str(error.value)
+    carried = [str(inner) for _, inner in embedded_ipv4(ipaddress.ip_address(resolved))]
+    for secret in [resolved, ipaddress.ip_address(resolved).exploded, *carried]:
+        assert secret not in message, message
+    assert recorder.seen == []
+
+
+def test_a_failed_connection_names_the_host_not_its_address() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError(f"connection to ('{request.url.host}', 80) refused", request=request)
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["10.7.7.7"]
+
+    policy = FetchPolicy(allowed_hosts=frozenset({"intranet.example"}))
+    f = MediaFetcher(policy, resolver=resolver, transport=httpx.MockTransport(refuse))
+    with pytest.raises(InvalidInput, match=r"input 0: fetching http://intranet\.example/a\.png failed") as error:
+        asyncio.run(f.load_all(["http://intranet.example/a.png"], Modality.IMAGE))
+    assert "10.7.7.7" not in str(error.value)
+    assert "('intranet.example', 80)" in str(error.value)
+
+
+def test_a_given_client_serves_every_call_and_no_other_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = Recorder({f"{PUBLIC}/a.png": httpx.Response(200, content=b"png!")})
+    client = media_client(5.0, httpx.MockTransport(recorder))
+    made: list[object] = []
+
+    class Counted(httpx.AsyncClient):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(httpx, "AsyncClient", Counted)
+    f = MediaFetcher(FetchPolicy(), resolver=public_resolver, client=client)
+
+    async def two_calls() -> None:
+        for _ in range(2):
+            assert (await f.load_all(["http://photos.example/a.png"], Modality.IMAGE))[0].data == b"png!"
+        assert not client.is_closed  # the fetcher borrows it; the app closes it
+        await client.aclose()
+
+    asyncio.run(two_calls())
+    assert made == []
+    assert len(recorder.seen) == 2
+
+
+def test_the_app_s_client_is_made_once_and_closed_at_shutdown() -> None:
+    state = SimpleNamespace()
+    first = shared_media_client(state, 5.0)
+    assert shared_media_client(state, 5.0) is first
+    asyncio.run(close_media_client(state))
+    assert first.is_closed
+    assert state.media_client is None
+    asyncio.run(close_media_client(state))  # a second close, or one with no client made, is harmless
+
+
+async def public_resolver(host: str, port: int) -> list[str]:
+    return [PUBLIC]

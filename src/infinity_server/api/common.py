@@ -16,7 +16,7 @@ from starlette.responses import Response
 from infinity_server.auth import PRIORITY, has_scope
 from infinity_server.encoding import dump_json
 from infinity_server.errors import HTTPError
-from infinity_server.media import FetchPolicy, MediaFetcher
+from infinity_server.media import FetchPolicy, MediaFetcher, shared_media_client
 from infinity_server.media_limits import FetchGate
 from infinity_server.settings import ServerSettings
 from model_registry import Cancelled, Media, Modality, Registry
@@ -102,7 +102,7 @@ async def vectors_response(build: Callable[[], Any], numbers: int) -> Response:
 
 
 def fetcher_of(request: Request) -> MediaFetcher:
-    """A fetcher for this request, sharing the server's fetch slots and byte budget."""
+    """A fetcher for this request, sharing the server's fetch slots, byte budget and HTTP client."""
     server: ServerSettings = request.app.state.settings.server
     policy = FetchPolicy(
         allow_private=server.media_allow_private,
@@ -117,7 +117,8 @@ def fetcher_of(request: Request) -> MediaFetcher:
     state = request.app.state
     if getattr(state, "fetch_gate", None) is None:
         state.fetch_gate = FetchGate(server.media_max_fetches, server.media_max_bytes_in_flight)
-    return MediaFetcher(policy, gate=state.fetch_gate)
+    client = shared_media_client(state, server.media_fetch_timeout)
+    return MediaFetcher(policy, gate=state.fetch_gate, client=client)
 
 
 @asynccontextmanager
