@@ -99,10 +99,12 @@ def start_server(app: Any) -> LiveServer:
     thread.start()
     started.wait(10)
     server = LiveServer(app, port, thread, holder["stop"], holder["loop"])
+    # Pinned models load in the background once the port is open: tests start from a settled server.
+    registry = getattr(getattr(app, "state", None), "registry", None)
     with httpx.Client(base_url=server.url, timeout=5) as client:
-        for _ in range(600):
+        for _ in range(3000):
             try:
-                if client.get("/health").status_code == 200:
+                if client.get("/health").status_code == 200 and (registry is None or registry.pinned_tried):
                     return server
             except httpx.TransportError:
                 pass

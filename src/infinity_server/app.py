@@ -32,6 +32,7 @@ from infinity_server.errors import (
     shape_of,
     to_response,
 )
+from infinity_server.media import close_media_client
 from infinity_server.metrics import Metrics, RequestMetrics
 from infinity_server.request_context import RequestContext
 from infinity_server.settings import Settings
@@ -84,11 +85,14 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         with metrics.watching_the_collector():
-            await engine.start()
+            # Pinned models load in the background: the port opens at once, /health answers and
+            # /ready says what is loading, whatever the ASGI server's startup timeout.
+            await engine.start(wait=False)
             try:
                 yield
             finally:
                 await engine.stop()
+                await close_media_client(app.state)
 
     app = Starlette(
         routes=ROUTES,
@@ -98,7 +102,7 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
             Middleware(RequestContext, metrics=metrics, tracing=tracing, access_log=settings.server.access_log),
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(DrainGate, drain=drain),
-            Middleware(BodyLimit, limit=settings.server.max_body_bytes),
+            Middleware(BodyLimit, limit=settings.server.max_body_bytes, timeout=settings.server.body_read_timeout),
             Middleware(Authenticate, keys=keys),
             Middleware(JsonContentType),
         ],

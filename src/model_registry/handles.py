@@ -30,6 +30,8 @@ class ModelHandle:
     stage: PrepareStage | None = None
     error: str | None = None
     failed_at: float = 0.0
+    #: When the load in progress started (`time.monotonic()`), None when none is.
+    load_started: float | None = None
     last_used: float | None = None
     inflight: int = 0
     loading: asyncio.Future[None] | None = field(default=None, repr=False)

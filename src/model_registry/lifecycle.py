@@ -11,6 +11,8 @@ Rules, per device (CPU RAM, or one CUDA device's memory):
   what was needed, what was free and which models were busy. Such a model is not marked failed.
 - One load at a time per model: concurrent callers wait on the same future. A failed load is
   remembered with its error and retried by a request that comes after the back-off.
+- Pinned models load in the background once the lifecycle starts, all at once; a pinned load
+  that fails is retried after `failed_retry_after` seconds until it succeeds.
 - A model with `keep_alive` is unloaded once idle for that many seconds. An operator's unload
   holds new callers back while the work in flight finishes; they then load the model again.
 - A request holds its model through a `lease` (one owner of the in-flight count and the LRU
@@ -43,6 +45,8 @@ from model_registry.worker import BatchStats
 log = logging.getLogger(__name__)
 
 _DRAIN_POLL = 0.02
+#: Least seconds between two rounds of retrying failed pinned loads (`failed_retry_after` may be 0).
+_PIN_RETRY_FLOOR = 1.0
 
 T = TypeVar("T")
 
@@ -70,6 +74,9 @@ class Lifecycle:
         self._stamps = itertools.count(1)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._keeper: asyncio.Task[None] | None = None
+        self._pinner: asyncio.Task[None] | None = None
+        #: Set once every pinned model has been tried once (loaded or failed).
+        self.pinned_tried = asyncio.Event()
         #: Per device, bytes still held by loads that timed out while their thread goes on.
         self._late: dict[str, int] = {}
 
@@ -158,6 +165,7 @@ class Lifecycle:
         started = time.perf_counter()
         async with handle.lock:
             handle.state, handle.error = ModelState.LOADING, None
+            handle.load_started = time.monotonic()
             try:
                 adapter = await self._bring_up(handle)
             except Exception as error:
@@ -178,7 +186,7 @@ class Lifecycle:
                 )
                 done.set_result(None)
             finally:
-                handle.loading = None
+                handle.loading = handle.load_started = None
 
     def _failed(self, handle: ModelHandle, error: Exception) -> None:
         handle.charged = 0
@@ -400,13 +408,32 @@ class Lifecycle:
             )
         await self.unload(handle, drain=self.config.request_timeout)
 
-    # ---- keep-alive ----------------------------------------------------------------------------
+    # ---- background work: pinned loads, keep-alive ---------------------------------------------
 
     def start(self) -> None:
+        """Start expiring idle models and loading the pinned ones, in the background."""
         timed = [h.spec.keep_alive for h in self.handles.values() if h.spec.keep_alive and not h.spec.pin]
         if timed and self._keeper is None:
             period = min(5.0, max(0.05, min(timed) / 4))
             self._keeper = asyncio.create_task(self._keep_alive(period))
+        if self._pinner is None:
+            pinned = [h for h in self.handles.values() if h.spec.pin]
+            self._pinner = asyncio.create_task(self._keep_pinned(pinned))
+
+    async def _keep_pinned(self, pinned: list[ModelHandle]) -> None:
+        """Load every pinned model, all at once (a slow one holds no other back), and retry the
+        failed ones after the back-off until each is loaded."""
+        while True:
+            await asyncio.gather(*(self._try_load(h) for h in pinned if h.state != ModelState.LOADED))
+            self.pinned_tried.set()
+            if all(h.state == ModelState.LOADED for h in pinned):
+                return
+            await asyncio.sleep(max(self.config.failed_retry_after, _PIN_RETRY_FLOOR))
+
+    async def _try_load(self, handle: ModelHandle) -> None:
+        # A failure is logged and recorded on the handle (`/ready`, `/models`) by the load itself.
+        with contextlib.suppress(RegistryError):
+            await self.ensure_loaded(handle, retry_failed=True)
 
     async def _keep_alive(self, period: float) -> None:
         """Expire idle models every `period` seconds; a failed unload is logged, never fatal."""
@@ -422,9 +449,11 @@ class Lifecycle:
                         log.exception("expiring the idle model '%s' failed; it is retried later", handle.spec.name)
 
     async def stop(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.gather(self._keeper, return_exceptions=True)
-            self._keeper = None
+        for task in (self._keeper, self._pinner):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._keeper = self._pinner = None
+        self.pinned_tried.clear()
         for handle in self.handles.values():
             await self.unload(handle)

@@ -24,7 +24,6 @@ from model_registry.errors import (
     Cancelled,
     InvalidInput,
     ModelUnavailable,
-    RegistryError,
     UnknownModel,
     UnsupportedOperation,
 )
@@ -108,18 +107,18 @@ class Registry:
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Start the lifecycle and load the pinned models (a broken one is logged and marked)."""
+    async def start(self, *, wait: bool = True) -> None:
+        """Start the lifecycle, which loads the pinned models in the background.
+
+        `wait` returns once each pinned model has loaded or failed once (a failed one is logged,
+        marked and retried after `failed_retry_after`); a server starts with `wait=False`, so that
+        it answers `/health` (and `/ready` with 503) while they load."""
         if self._started:
             return
         self._started = True
         self._lifecycle.start()
-        for handle in self._handles.values():
-            if handle.spec.pin:
-                try:
-                    await self._ensure_loaded(handle)
-                except RegistryError as error:
-                    log.error("pinned model '%s' failed to load: %s", handle.spec.name, error)
+        if wait:
+            await self._lifecycle.pinned_tried.wait()
 
     async def stop(self) -> None:
         await self._lifecycle.stop()
@@ -131,6 +130,11 @@ class Registry:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    @property
+    def pinned_tried(self) -> bool:
+        """Every pinned model has loaded, or failed its first load, since the start."""
+        return self._started and self._lifecycle.pinned_tried.is_set()
 
     @property
     def ready(self) -> bool:
@@ -169,6 +173,7 @@ class Registry:
             queue_tokens=handle.queue.pending_cost if handle.queue else 0,
             error=handle.error,
             extra=adapter.describe() if adapter and handle.state == ModelState.LOADED else {},
+            loading_seconds=None if handle.load_started is None else time.monotonic() - handle.load_started,
         )
 
     def infos(self) -> list[ModelInfo]:

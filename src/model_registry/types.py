@@ -213,3 +213,4 @@ class ModelInfo:
     queue_tokens: int = 0  # summed cost of the items waiting (tokens, for text models)
     error: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    loading_seconds: float | None = None  # how long the load in progress has run
