@@ -40,6 +40,7 @@ from model_registry.errors import InsufficientMemory, ModelUnavailable, Registry
 from model_registry.handles import DeviceUsage, EventKind, Lease, LifecycleEvent, ModelHandle
 from model_registry.parts import assemble, batch_tokens, memory_device_of, release, release_quietly, retire
 from model_registry.types import ModelState
+from model_registry.warmup import Rate, measure_rate
 from model_registry.worker import BatchStats
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,12 @@ _PIN_RETRY_FLOOR = 1.0
 T = TypeVar("T")
 
 __all__ = ["DeviceUsage", "EventKind", "Lease", "Lifecycle", "LifecycleEvent", "ModelHandle"]
+
+
+def timed_warm_up(adapter: Adapter, max_batch_tokens: int, device: str) -> Rate | None:
+    """`measure_rate` as a batch of the device: never while a load measures its memory there."""
+    with memory.gate(device).shared():
+        return measure_rate(adapter, max_batch_tokens)
 
 
 class Lifecycle:
@@ -167,7 +174,7 @@ class Lifecycle:
             handle.state, handle.error = ModelState.LOADING, None
             handle.load_started = time.monotonic()
             try:
-                adapter = await self._bring_up(handle)
+                adapter, rate = await self._bring_up(handle)
             except Exception as error:
                 self._failed(handle, error)
                 if isinstance(error, InsufficientMemory):
@@ -176,7 +183,7 @@ class Lifecycle:
                     done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
                 done.exception()  # retrieved here so that an unawaited failure is not reported as lost
             else:
-                assemble(handle, adapter, self.config, self._on_batch)
+                assemble(handle, adapter, self.config, self._on_batch, rate)
                 await asyncio.to_thread(heap.freeze)
                 self.touch(handle)
                 seconds = time.perf_counter() - started
@@ -207,8 +214,9 @@ class Lifecycle:
             LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
         )
 
-    async def _bring_up(self, handle: ModelHandle) -> Adapter:
-        """Build the adapter, make room for its estimate, load it, then charge what it measured."""
+    async def _bring_up(self, handle: ModelHandle) -> tuple[Adapter, Rate | None]:
+        """Build the adapter, make room for its estimate, load it, charge what it measured, and
+        time a warm-up batch for admission (None when none could run)."""
         spec = handle.spec
         deadline = time.monotonic() + self.config.load_timeout
         adapter = await self._off_loop(deadline, None, create_adapter, spec)
@@ -250,7 +258,22 @@ class Lifecycle:
         except InsufficientMemory:
             await asyncio.to_thread(release, adapter, handle.device)
             raise
-        return adapter
+        return adapter, await self._warm_up(handle, adapter, options, deadline)
+
+    async def _warm_up(
+        self, handle: ModelHandle, adapter: Adapter, options: LoadOptions, deadline: float
+    ) -> Rate | None:
+        """The model's rate on a timed batch; a batch that fails leaves it unmeasured (admission
+        then probes with a few batches' worth, as `Backlog` says), it does not fail the load."""
+        try:
+            return await self._off_loop(
+                deadline, handle, timed_warm_up, adapter, options.max_batch_tokens, handle.device
+            )
+        except asyncio.TimeoutError:
+            raise
+        except Exception:
+            log.warning("no timed warm-up for the model '%s'", handle.spec.name, exc_info=True)
+            return None
 
     async def _off_loop(self, deadline: float, loading: ModelHandle | None, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a

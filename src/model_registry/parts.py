@@ -16,6 +16,7 @@ from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec, RegistryConfig
 from model_registry.handles import ModelHandle
 from model_registry.types import Kind, ModelState
+from model_registry.warmup import Rate
 from model_registry.worker import BatchStats, PrepareStage, Worker
 
 log = logging.getLogger(__name__)
@@ -25,9 +26,16 @@ _GPU_BATCH_TOKENS = 16384
 
 
 def assemble(
-    handle: ModelHandle, adapter: Adapter, config: RegistryConfig, on_batch: Callable[[BatchStats], None] | None
+    handle: ModelHandle,
+    adapter: Adapter,
+    config: RegistryConfig,
+    on_batch: Callable[[BatchStats], None] | None,
+    rate: Rate | None = None,
 ) -> None:
-    """Give a freshly loaded `adapter` its queue, worker, backlog and prepare stage: it serves."""
+    """Give a freshly loaded `adapter` its queue, worker, backlog and prepare stage: it serves.
+
+    `rate`, timed at load, seeds the queue's measured rate, so admission plans by deadline from
+    the first request on."""
     tokens = batch_tokens(handle.spec, adapter)
     queue = BatchQueue(
         max_batch_tokens=tokens,
@@ -36,6 +44,8 @@ def assemble(
         small_request_items=config.small_request_items,
         aging=config.aging_seconds,
     )
+    if rate is not None:
+        queue.record(rate.cost, rate.seconds)
     worker = Worker(handle.spec.name, adapter, queue, on_batch=on_batch)
     worker.start()
     handle.backlog = Backlog(
