@@ -235,7 +235,12 @@ def load_and_measure(adapter: Adapter, options: LoadOptions, device: str) -> int
     outside torch's allocator (`cuda_footprint`), measured while no other model runs a batch on
     the device, so that a model too large for its batch budget fails here, at load, rather than
     under traffic. Elsewhere: the adapter's own estimate (weights plus working memory).
+
+    The adapter's `build` (an ONNX export, a CTranslate2 conversion: minutes, on the CPU) runs
+    first, outside the device's gate: only the part that puts memory on the device keeps the
+    device's other models waiting.
     """
+    adapter.build(options)
     if not device.startswith("cuda"):
         adapter.load(options)
         return adapter.footprint()

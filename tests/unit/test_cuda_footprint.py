@@ -9,6 +9,8 @@ engines on one.
 
 from __future__ import annotations
 
+import importlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
 from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
-from model_registry.memory import CudaReading, cuda_footprint, load_and_measure
+from model_registry.memory import CudaReading, cuda_footprint, gate, load_and_measure
 from tests.builders.text import tiny_bert
 
 torch = pytest.importorskip("torch")
@@ -142,3 +144,71 @@ def test_another_failure_on_the_warm_up_is_not_called_out_of_memory(
             load_and_measure(adapter, OPTIONS, "cuda:0")
     finally:
         adapter.unload()
+
+
+def other_batch_runs(device: str, within: float) -> bool:
+    """Whether a batch of another model on `device` gets through its gate within `within` seconds."""
+    passed = threading.Event()
+
+    def batch() -> None:
+        with gate(device).shared():
+            passed.set()
+
+    threading.Thread(target=batch, daemon=True).start()
+    return passed.wait(within)
+
+
+def test_the_gate_is_held_while_the_load_measures_never_while_the_artifact_is_built(
+    adapter: Adapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    FakeDevice().install(monkeypatch)
+    seen: dict[str, bool] = {}
+    load = adapter.load
+
+    def building(options: LoadOptions) -> None:
+        seen["batch ran during the build"] = other_batch_runs("cuda:0", within=5.0)
+
+    def loading(options: LoadOptions) -> None:
+        seen["batch ran during the load"] = other_batch_runs("cuda:0", within=0.3)
+        load(options)
+
+    monkeypatch.setattr(adapter, "build", building)
+    monkeypatch.setattr(adapter, "load", loading)
+    try:
+        load_and_measure(adapter, OPTIONS, "cuda:0")
+    finally:
+        adapter.unload()
+    assert seen == {"batch ran during the build": True, "batch ran during the load": False}
+
+
+@pytest.mark.parametrize(
+    ("backend", "module", "step"),
+    [
+        ("ctranslate2", "model_registry.backends.ctranslate2", "convert"),
+        pytest.param("onnx", "model_registry.backends.onnx_build", "build_artifact", marks=pytest.mark.slow),
+    ],
+)
+def test_a_conversion_runs_outside_the_devices_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: Any, module: str, step: str
+) -> None:
+    pytest.importorskip(backend)
+    target = importlib.import_module(module)
+    FakeDevice().install(monkeypatch)
+    converting: list[bool] = []
+    real = getattr(target, step)
+
+    def instrumented(*args: Any, **kwargs: Any) -> Any:
+        converting.append(other_batch_runs("cuda:0", within=5.0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, step, instrumented)
+    spec = ModelSpec(name="m", source=str(tiny_bert(tmp_path / "bert")), backend=backend)
+    adapter = create_adapter(spec)
+    cache = str(tmp_path / "cache")
+    options = LoadOptions(device="cpu", dtype="float32", max_batch_tokens=64, backend=backend, cache_dir=cache)
+    try:
+        load_and_measure(adapter, options, "cuda:0")
+        assert adapter.describe()["engine"]["backend"] == backend
+    finally:
+        adapter.unload()
+    assert converting == [True], "the conversion ran while the device's gate was held (or ran twice)"

@@ -63,6 +63,13 @@ class Adapter(abc.ABC):
     prompts: Mapping[str, str] = {}
     default_prompt_name: str | None = None
 
+    def build(self, options: LoadOptions) -> None:
+        """Make the files `load` will read without touching the device: an ONNX export or a
+        CTranslate2 conversion into the engine cache (nothing by default). Called once before
+        `load`, on the same worker thread, outside the device's gate so that other models on the
+        device keep running meanwhile."""
+        return None
+
     @abc.abstractmethod
     def load(self, options: LoadOptions) -> None:
         """Read weights onto the device. Called once, on a worker thread."""

@@ -105,6 +105,7 @@ class TextEncoder(Adapter):
         self.prompts = dict(layout.prompts)
         self.default_prompt_name = layout.default_prompt_name
         self.engine: Engine | None = None
+        self._built: Engine | None = None
         self.choice = Choice("torch", "configured")
         self.config: Any = None
         self.tokenizer: TextTokenizer | None = None
@@ -126,8 +127,7 @@ class TextEncoder(Adapter):
         )
         self.max_length = self.tokenizer.max_length
         device = backend.resolve_device(options.device)
-        self.choice = engine_for(str(self.layout.root), options, self.layout, device.startswith("cuda"))
-        engine = create_engine(self.choice.backend)
+        engine, self._built = self._built or self.new_engine(options, device), None
         # The device as resolved here, which the engine choice and the memory accounting also use:
         # onnxruntime's CUDA build lists its provider on a machine without a GPU too.
         engine.load(directory, self.engine_options(options, device))
@@ -140,6 +140,17 @@ class TextEncoder(Adapter):
             self.dtype = engine.torch_dtype
         working = backend.activation_estimate(config, options.max_batch_tokens, self.max_length, torch.float32)
         self._footprint = engine.footprint() + working
+
+    def build(self, options: LoadOptions) -> None:
+        """The engine's export or conversion, kept for `load_model`."""
+        device = backend.resolve_device(options.device)
+        engine = self.new_engine(options, device)
+        engine.build(self.layout.transformer_dir, self.engine_options(options, device))
+        self._built = engine
+
+    def new_engine(self, options: LoadOptions, device: str) -> Engine:
+        self.choice = engine_for(str(self.layout.root), options, self.layout, device.startswith("cuda"))
+        return create_engine(self.choice.backend)
 
     def engine_options(self, options: LoadOptions, device: str) -> EngineOptions:
         return EngineOptions(

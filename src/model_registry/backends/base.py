@@ -75,9 +75,15 @@ class Engine(abc.ABC):
     device: str = "cpu"
     dtype: str = "float32"
 
+    def build(self, directory: Path, options: EngineOptions) -> None:
+        """Make what `load` reads, without touching the device: an export or a conversion into the
+        artifact cache (none by default). Called before `load` with the same arguments, outside the
+        device's gate; `load` builds whatever this did not."""
+        return None
+
     @abc.abstractmethod
     def load(self, directory: Path, options: EngineOptions) -> None:
-        """Read (or convert, once, into the cache) the model in `directory`."""
+        """Read the model in `directory` (converting it first, once, if `build` did not)."""
 
     @abc.abstractmethod
     def run(self, batch: EncoderBatch) -> EncoderOutput:

@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
-from model_registry.backends.cache import artifact_key, cached, invalidate, writable_root
+from model_registry.backends.cache import artifact_key, cached, invalidate, load_failed, writable_root
 from model_registry.backends.threads import compute_slot, intra_op_threads, lanes, run_in_lanes
 from model_registry.errors import ModelUnavailable
 
@@ -90,8 +90,36 @@ class Ct2Engine(Engine):
         self._bytes = 0
         self.lanes = 1
         self.lane_threads = 0
+        #: What `build` converted, for the `load` with the same arguments.
+        self._built: tuple[tuple[Path, EngineOptions], Path] | None = None
+
+    def build(self, directory: Path, options: EngineOptions) -> None:
+        """The conversion into the cache."""
+        self._artifact(directory, options)
 
     def load(self, directory: Path, options: EngineOptions) -> None:
+        artifact = self._artifact(directory, options)
+        self._built = None
+        self.path = artifact / "model"
+        device, index = self.device.partition(":")[0], int(self.device.partition(":")[2] or 0)
+        before = psutil.Process().memory_info().rss  # after the conversion: only what loading adds
+        try:
+            self.encoder = self._open(device, index, options)
+        except (RuntimeError, ValueError) as error:
+            log.warning("the cached CTranslate2 model %s failed to load (%s); rebuilding it", self.path, error)
+            invalidate(artifact)
+            self.path = self._convert(directory, options) / "model"
+            try:
+                self.encoder = self._open(device, index, options)
+            except (RuntimeError, ValueError) as again:
+                raise load_failed("ctranslate2", self.path.parent, again) from again
+        weights = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+        self._bytes = max(
+            psutil.Process().memory_info().rss - before, weights // 4 if self.dtype.startswith("int8") else weights
+        )
+
+    def _settle(self, options: EngineOptions) -> None:
+        """Device, lanes and compute type for `options`; a combination that cannot run raises."""
         cuda_count = ctranslate2.get_cuda_device_count()
         requested = options.device
         device = "cuda" if requested.startswith("cuda") or (requested == "auto" and cuda_count) else "cpu"
@@ -104,27 +132,25 @@ class Ct2Engine(Engine):
         self.lanes = 1 if device == "cuda" else lanes(options.lanes)
         self.dtype = compute_type(device, options.dtype, options.quantize)
         self.task = options.task
+
+    def _artifact(self, directory: Path, options: EngineOptions) -> Path:
+        if self._built is not None and self._built[0] == (directory, options):
+            return self._built[1]
+        self._settle(options)
+        artifact = self._convert(directory, options)
+        self._built = ((directory, options), artifact)
+        return artifact
+
+    def _convert(self, directory: Path, options: EngineOptions) -> Path:
+        """The cached conversion of `directory`, converted now if it is missing or corrupt."""
         versions = {"ctranslate2": ctranslate2.__version__, "transformers": importlib.metadata.version("transformers")}
         key = artifact_key(directory, versions, {"recipe": RECIPE})
-        root = writable_root(options.cache_dir)
 
         def build(staging: Path) -> None:
             convert(directory, staging, options.trust_remote_code)
 
-        artifact = cached(root, "ctranslate2", key, build, meta={"source": str(directory), **versions})
-        self.path = artifact / "model"
-        before = psutil.Process().memory_info().rss  # after the conversion: only what loading adds
-        try:
-            self.encoder = self._open(device, index, options)
-        except (RuntimeError, ValueError) as error:
-            log.warning("the cached CTranslate2 model %s failed to load (%s); rebuilding it", self.path, error)
-            invalidate(artifact)
-            artifact = cached(root, "ctranslate2", key, build, meta={"source": str(directory), **versions})
-            self.encoder = self._open(device, index, options)
-        weights = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
-        self._bytes = max(
-            psutil.Process().memory_info().rss - before, weights // 4 if self.dtype.startswith("int8") else weights
-        )
+        root = writable_root(options.cache_dir)
+        return cached(root, "ctranslate2", key, build, meta={"source": str(directory), **versions})
 
     def _open(self, device: str, index: int, options: EngineOptions) -> Any:
         self.lane_threads = replica_threads(intra_op_threads(options.threads), self.lanes, self.dtype)
@@ -181,7 +207,8 @@ class Ct2Engine(Engine):
 
     def describe(self) -> dict[str, Any]:
         return {
-            "artifact": str(self.path),
+            # `ctranslate2/<key>/model`: where the server keeps the cache is for its log, not for clients.
+            "artifact": None if self.path is None else str(Path(*self.path.parts[-3:])),
             "compute_type": self.dtype,
             "lanes": self.lanes,
             "lane_threads": self.lane_threads,

@@ -22,7 +22,7 @@ import onnxruntime as ort
 import psutil
 
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
-from model_registry.backends.cache import invalidate
+from model_registry.backends.cache import invalidate, load_failed
 from model_registry.backends.onnx_build import OUTPUT, artifact_for
 from model_registry.backends.threads import compute_slot, intra_op_threads, lanes, run_in_lanes
 from model_registry.errors import ModelUnavailable
@@ -119,39 +119,64 @@ class OnnxEngine(Engine):
         self.task: Task = "feature-extraction"
         self._bytes = 0
         self.lanes = 1
+        self.fp16 = False
+        #: What `build` found or exported, for the `load` with the same arguments.
+        self._built: tuple[tuple[Path, EngineOptions], Path, bool] | None = None
+
+    def build(self, directory: Path, options: EngineOptions) -> None:
+        """The export into the cache, unless the directory has its own ONNX file for these options."""
+        self._source(directory, options)
 
     def load(self, directory: Path, options: EngineOptions) -> None:
+        self.path, self.own = self._source(directory, options)
+        self._built = None
+        before = psutil.Process().memory_info().rss  # after any export: only what loading adds
+        self.session = self._session(self.path, options) if self.own else self._cached_session(directory, options)
+        grown = psutil.Process().memory_info().rss - before
+        self._bytes = max(grown, self.path.stat().st_size)
+        self.inputs = frozenset(i.name for i in self.session.get_inputs())
+
+    def _settle(self, options: EngineOptions) -> None:
+        """Device, lanes, precision and output for `options`; a combination that cannot run raises."""
         self.device = resolve_device(options.device)
         cuda = self.device.startswith("cuda")
         # On CPU a batch of several rows runs in lanes (see `threads`); on CUDA in one run.
         self.lanes = 1 if cuda else lanes(options.lanes)
         if options.dtype == "float16" and not cuda:
             raise ModelUnavailable("dtype float16 on the onnx backend needs a CUDA device; use float32 on CPU")
-        fp16 = cuda and options.dtype in ("auto", "float16") and options.quantize == "none"
+        self.fp16 = cuda and options.dtype in ("auto", "float16") and options.quantize == "none"
         if options.quantize == "int8" and cuda:
             raise ModelUnavailable("quantize: int8 on the onnx backend is CPU only; use dtype float16 on CUDA")
-        self.dtype = "int8" if options.quantize == "int8" else "float16" if fp16 else "float32"
+        self.dtype = "int8" if options.quantize == "int8" else "float16" if self.fp16 else "float32"
         self.task, self.output = options.task, OUTPUT[options.task]
-        own = own_file(directory, options.task, options.quantize, fp16)
-        if own is not None:
-            self.path, self.own = own, True
-            before = psutil.Process().memory_info().rss
-            self.session = self._session(own, options)
-        else:
-            self.path = artifact_for(directory, options, fp16) / "model.onnx"
-            before = psutil.Process().memory_info().rss  # after the export: only what loading adds
-            try:
-                self.session = self._session(self.path, options)
-            except CudaProviderFailed:
-                raise  # the artifact is fine; the device's libraries are not
-            except Exception as error:
-                log.warning("the cached ONNX model %s failed to load (%s); rebuilding it", self.path, error)
-                invalidate(self.path.parent)
-                self.path = artifact_for(directory, options, fp16) / "model.onnx"
-                self.session = self._session(self.path, options)
-        grown = psutil.Process().memory_info().rss - before
-        self._bytes = max(grown, self.path.stat().st_size)
-        self.inputs = frozenset(i.name for i in self.session.get_inputs())
+
+    def _source(self, directory: Path, options: EngineOptions) -> tuple[Path, bool]:
+        """The ONNX file to load and whether it is the directory's own, else the cached export."""
+        if self._built is not None and self._built[0] == (directory, options):
+            return self._built[1], self._built[2]
+        self._settle(options)
+        own = own_file(directory, options.task, options.quantize, self.fp16)
+        path = own if own is not None else artifact_for(directory, options, self.fp16) / "model.onnx"
+        self._built = ((directory, options), path, own is not None)
+        return path, own is not None
+
+    def _cached_session(self, directory: Path, options: EngineOptions) -> ort.InferenceSession:
+        """A session on the cached export; one that onnxruntime refuses is rebuilt once."""
+        assert self.path is not None
+        try:
+            return self._session(self.path, options)
+        except CudaProviderFailed:
+            raise  # the artifact is fine; the device's libraries are not
+        except Exception as error:
+            log.warning("the cached ONNX model %s failed to load (%s); rebuilding it", self.path, error)
+        invalidate(self.path.parent)
+        self.path = artifact_for(directory, options, self.fp16) / "model.onnx"
+        try:
+            return self._session(self.path, options)
+        except CudaProviderFailed:
+            raise
+        except Exception as error:
+            raise load_failed("onnx", self.path.parent, error) from error
 
     def _session(self, path: Path, options: EngineOptions) -> ort.InferenceSession:
         settings = ort.SessionOptions()
@@ -231,10 +256,15 @@ class OnnxEngine(Engine):
     def release(self) -> None:
         self.session = None
 
+    def _shown_path(self) -> str | None:
+        """The file as `onnx/<key>/model.onnx` (the engine cache) or `<model>/onnx/model.onnx` (the
+        model's own): where the server keeps either is for its log, not for clients."""
+        return None if self.path is None else str(Path(*self.path.parts[-3:]))
+
     def describe(self) -> dict[str, Any]:
         providers = self.session.get_providers() if self.session is not None else []
         return {
-            "artifact": str(self.path),
+            "artifact": self._shown_path(),
             "own_file": self.own,
             "providers": providers,
             "precision": self.dtype,
