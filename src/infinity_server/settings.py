@@ -64,6 +64,12 @@ class ServerSettings(BaseModel):
     # Whether any client may raise its priority above the default (else only `priority`-scoped keys).
     allow_client_priority: bool = False
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024)
+    # Seconds a request's whole body may take to arrive after its headers (else 408, and the
+    # connection closes): a client trickling a large body cannot hold a connection for ever.
+    body_read_timeout: float = Field(default=30.0, gt=0)
+    # The largest answer of a vector route (token vectors included), estimated before any work
+    # from the inputs, the model's width and the encoding asked for (else 400). See reliability.md.
+    max_output_bytes: int = Field(default=64 * 2**20, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
     # One log line per request (id, route, status, key name, stage times).

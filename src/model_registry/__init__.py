@@ -4,6 +4,7 @@ async with Registry.from_config("models.yaml") as registry:
     results = await registry.embed("all-MiniLM-L6-v2", ["a sentence"])
 """
 
+from model_registry.admission import OutputLimit
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
     BatchFailed,
@@ -37,6 +38,7 @@ from model_registry.types import (
     Score,
     SparseVector,
     Text,
+    Token,
 )
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "ModelState",
     "ModelUnavailable",
     "Output",
+    "OutputLimit",
     "Overloaded",
     "Ranking",
     "Registry",
@@ -71,6 +74,7 @@ __all__ = [
     "SparseVector",
     "SyncRegistry",
     "Text",
+    "Token",
     "UnknownModel",
     "UnsupportedOperation",
     "load_config",

@@ -4,7 +4,8 @@ Pricing reads only what the request already holds (the number of inputs and thei
 never a tokenizer or a decoder. A model admits a request when the cost queued ahead of it plus its
 own can be served before the request's deadline at the model's measured rate; otherwise it answers
 `Overloaded` (429) with a Retry-After from that same rate. Until a model has measured its rate, it
-admits a few batches' worth of work at a time, which the first batches then measure.
+admits a few batches' worth of work at a time, which the first batches then measure. An answer's
+size is bounded the same way: `OutputLimit` estimates it from the inputs and refuses a larger one.
 
 Priority is the server's policy: `client_priority` is the one place a client's wish is applied.
 """
@@ -18,8 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from model_registry.errors import Overloaded
-from model_registry.types import ClassifyItem, EmbedItem, Item, Media, PairItem, TokenIds
+from model_registry.errors import InvalidInput, Overloaded
+from model_registry.types import ClassifyItem, EmbedItem, Item, Media, Output, PairItem, TokenIds
 
 #: Characters per token assumed when pricing text before it is tokenized (English WordPiece and
 #: BPE average four or more; three keeps the price on the safe side).
@@ -62,6 +63,12 @@ def price(items: Sequence[Item], max_length: int | None) -> int:
     return sum(_item_price(item, max_length) for item in items)
 
 
+def tokenizing_price(items: Sequence[Item]) -> int:
+    """What tokenizing `items` reads, in tokens: a text is tokenized whole before it is cut, so a
+    truncating text counts here by all of its characters, not at the model's limit."""
+    return price(items, None)
+
+
 def _item_price(item: Item, max_length: int | None) -> int:
     if isinstance(item, EmbedItem):
         content = item.content
@@ -80,6 +87,48 @@ def _item_price(item: Item, max_length: int | None) -> int:
 
 def _tokens(chars: int) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN) + 2  # the model's special tokens
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLimit:
+    """The largest answer a request may have: `max_bytes`, at `bytes_per_number` bytes for each
+    number of its vectors in the answer's `encoding` (a description for the message)."""
+
+    max_bytes: int
+    bytes_per_number: float
+    encoding: str = "float32"
+
+    def check(self, items: Sequence[Item], max_length: int | None, width: int | None) -> None:
+        """`InvalidInput` (400), before any work, when the answer to `items` may be larger.
+
+        The estimate counts a vector of `width` numbers per dense output, and per token of a
+        multi-vector output, each item having as many tokens as its price, at most `max_length`
+        (a longer text is cut or refused). Sparse outputs are not counted: their size follows the
+        vocabulary's activations, not the input."""
+        if width is None:
+            return
+        vectors = sum(_vectors(item, max_length) for item in items)
+        size = vectors * width * self.bytes_per_number
+        if size > self.max_bytes:
+            raise InvalidInput(
+                f"the answer to these {len(items):,} inputs may take about {size / 2**20:,.1f} MiB "
+                f"({vectors:,} vectors of {width:,} numbers at about {self.bytes_per_number:.3g} bytes each as "
+                f"{self.encoding}), more than the server's max_output_bytes of {self.max_bytes / 2**20:,.1f} MiB; "
+                "send fewer or shorter inputs in each request, or a more compact encoding (base64, int8, binary)",
+                param="input",
+            )
+
+
+def _vectors(item: Item, max_length: int | None) -> int:
+    """How many vectors the answer to `item` may hold: one per dense output, one per token of a
+    multi-vector output."""
+    if not isinstance(item, EmbedItem):
+        return 0
+    tokens = _item_price(item, max_length)
+    tokens = min(tokens, max_length) if max_length else tokens
+    if item.max_tokens is not None:
+        tokens = min(tokens, item.max_tokens)
+    return (Output.DENSE in item.outputs) + (Output.MULTIVECTOR in item.outputs) * tokens
 
 
 @dataclass(eq=False)

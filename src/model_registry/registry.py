@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from model_registry.adapters import Adapter
 from model_registry.adapters.engines import check_engines
 from model_registry.adapters.text import TextTokenizer
-from model_registry.admission import client_priority, deadline_after, price
+from model_registry.admission import OutputLimit, client_priority, deadline_after, price, tokenizing_price
 from model_registry.batching import BatchQueue, Request
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
@@ -241,6 +241,7 @@ class Registry:
         truncate: bool | None = None,
         truncation_direction: str = "right",
         max_tokens: int | None = None,
+        output_limit: OutputLimit | None = None,
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Results:
@@ -251,6 +252,7 @@ class Registry:
         `truncation_direction` "left" cuts over-long texts at their start (dense, sparse, BGE-M3).
         `max_tokens` lowers the model's token limit for this request's texts, special tokens and
         prompt included (dense, sparse, BGE-M3): longer ones are cut, or refused without truncation.
+        `output_limit` refuses (400), before any work, a request whose answer may be larger.
         """
         handle = self._handle(model)
         contents = self._contents(inputs)
@@ -270,6 +272,8 @@ class Registry:
             self._text_tokenizer(adapter, model).cap(max_tokens)  # a limit too small for any text: 400 now
         left = self._left(adapter, model, truncation_direction)
         items = [EmbedItem(c, wanted, text_prompt, is_query, cut, left, max_tokens) for c in contents]
+        if output_limit is not None:
+            output_limit.check(items, adapter.max_length, adapter.dimensions)
         return await self.run(model, items, priority=priority, timeout=timeout)
 
     async def run(
@@ -289,7 +293,8 @@ class Registry:
             reservation = lease.backlog.admit(cost, rank, deadline - time.monotonic())
             try:
                 prepare_start = time.time()
-                prepared = await lease.stage.run(items, deadline - time.monotonic(), cost=cost)
+                seconds = deadline - time.monotonic()
+                prepared = await lease.stage.run(items, seconds, reads=tokenizing_price(items))
                 reservation.reprice(sum(p.cost for p in prepared))
                 request = Request.on_loop(prepared, priority=rank, deadline=deadline)
                 enqueued = time.time()
@@ -544,7 +549,10 @@ class Registry:
         items = [EmbedItem(Text(t), wanted, "", False, cut, left) for t in texts]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         embedded = dict(zip(texts, results.items, strict=True))
-        return PairScores(tuple(embedding_pair_scores(method, checked, embedded)), method, results.tokens)
+        # A score per pair (MaxSim over token vectors for some models) is real compute: off the
+        # event loop, as rerank's is.
+        scores = await asyncio.to_thread(embedding_pair_scores, method, checked, embedded)
+        return PairScores(tuple(scores), method, results.tokens)
 
     # ---- tokens --------------------------------------------------------------------------------
 

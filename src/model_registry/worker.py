@@ -39,9 +39,11 @@ _POLL = 0.05
 #: event loop's own path from waking to writing the response, after an idle spell.
 _YIELD = 0.001
 
-#: A text request of at most this estimated cost (tokens) is tokenized on the event loop itself:
-#: the hop to a prepare thread and back costs more than its tokenizing (a few hundred
-#: microseconds at most), and it is the whole of an idle query's wait before its forward pass.
+#: A text request whose texts hold at most this many tokens, estimated from their characters
+#: before any cut, is tokenized on the event loop itself: the hop to a prepare thread and back
+#: costs more than its tokenizing (a few hundred microseconds at most), and it is the whole of an
+#: idle query's wait before its forward pass. A truncating text counts whole: the tokenizer reads
+#: all of it before cutting, so a long one goes to the prepare threads even if cut short.
 INLINE_COST = 256
 
 T = TypeVar("T")
@@ -69,12 +71,13 @@ class PrepareStage:
         self._adapter = adapter
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"{name}-prepare")
 
-    async def run(self, items: Sequence[Item], seconds: float, *, cost: int | None = None) -> list[Prepared]:
+    async def run(self, items: Sequence[Item], seconds: float, *, reads: int | None = None) -> list[Prepared]:
         """`adapter.prepare(items)` on the model's threads; `DeadlineExceeded` after `seconds`.
 
-        Text-only work of at most `INLINE_COST` (the request's price, when given) runs on the
-        calling event loop instead: bounded, and cheaper than the two thread hops."""
-        if cost is not None and cost <= INLINE_COST and not any(_is_media(i) for i in items):
+        Text-only work that reads at most `INLINE_COST` tokens (`reads`, when given: the
+        request's tokens by characters, before any cut) runs on the calling event loop instead:
+        bounded, and cheaper than the two thread hops."""
+        if reads is not None and reads <= INLINE_COST and not any(_is_media(i) for i in items):
             return self._adapter.prepare(items)
         abandoned = threading.Event()
 

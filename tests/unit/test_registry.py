@@ -221,9 +221,9 @@ async def test_small_text_requests_are_tokenized_on_the_loop_and_others_on_the_m
     stage = PrepareStage("m", cast(Adapter, recorder), threads=1)
     text, image = EmbedItem(Text("a query")), EmbedItem(Media(Modality.IMAGE, b"\x89PNG"))
     try:
-        await stage.run([text], 5.0, cost=INLINE_COST)
-        await stage.run([text], 5.0, cost=INLINE_COST + 1)
-        await stage.run([image], 5.0, cost=1)
+        await stage.run([text], 5.0, reads=INLINE_COST)
+        await stage.run([text], 5.0, reads=INLINE_COST + 1)
+        await stage.run([image], 5.0, reads=1)
         await stage.run([text], 5.0)
     finally:
         stage.stop()

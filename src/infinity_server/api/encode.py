@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from infinity_server.api.common import engine_inputs, parse_body, registry_of, until_disconnected, vectors_response
-from infinity_server.encoding import column, encode_vectors, numbers_in, sparse_entry
+from infinity_server.encoding import column, encode_vectors, numbers_in, output_limit, sparse_entry
 from infinity_server.schemas.encode import EncodeRequest
 from model_registry import Results
 
@@ -48,6 +48,7 @@ def _wire_dtype(embedding_type: str) -> str:
 
 async def encode(request: Request) -> Response:
     body = await parse_body(request, EncodeRequest)
+    limit = request.app.state.settings.server.max_output_bytes
     async with engine_inputs(request, body.model, body.modality, body.texts(), body.media_inputs) as inputs:
         work = registry_of(request).embed(
             body.model,
@@ -55,6 +56,7 @@ async def encode(request: Request) -> Response:
             outputs=body.outputs,
             prompt_name=body.prompt_name,
             truncate=body.truncate,
+            output_limit=output_limit(limit, body.embedding_type, body.encoding_format),
             priority=body.priority,
         )
         results = await until_disconnected(request, work)

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from infinity_server.api.common import json_response, parse_body, registry_of, until_disconnected, vectors_response
-from infinity_server.encoding import column, encode_vectors, numbers_in
+from infinity_server.encoding import column, encode_vectors, numbers_in, output_limit
 from infinity_server.schemas.vllm import PoolingRequest, ScoreRequest
 from model_registry import Capability, Output, UnsupportedOperation
 
@@ -54,7 +54,10 @@ async def pooling(request: Request) -> Response:
     tokens = Capability.MULTIVECTOR in registry.info(body.model).capabilities
     output = Output.MULTIVECTOR if tokens else Output.DENSE
     options = body.truncation(body.truncate)
-    work = registry.embed(body.model, body.texts(), outputs=(output,), priority=body.priority, **options)
+    limit = output_limit(request.app.state.settings.server.max_output_bytes, "float32", body.encoding_format)
+    work = registry.embed(
+        body.model, body.texts(), outputs=(output,), output_limit=limit, priority=body.priority, **options
+    )
     results = await until_disconnected(request, work)
 
     def build() -> dict[str, Any]:
