@@ -21,6 +21,7 @@ import torch
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
+from model_registry.backends.weights import from_pretrained_checked
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.media import MediaLimits, decode_image, media_of, processing
@@ -62,7 +63,7 @@ class ColPaliAdapter(Adapter):
         self.limits = MediaLimits.of(options)
         directory = str(self.layout.root)
         self.processor = transformers.AutoProcessor.from_pretrained(directory)  # type: ignore[no-untyped-call]
-        model = model_class.from_pretrained(directory, dtype=self.dtype)
+        model = from_pretrained_checked(model_class, self.layout.root, "page retrieval", dtype=self.dtype)
         self.model = model.to(self.device).eval()
         self.dimensions = int(self.model.config.embedding_dim)
         # Not `max_length`: the warm-up would then build token-id batches, which this model does not take.

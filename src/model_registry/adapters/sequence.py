@@ -21,6 +21,7 @@ from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextEncoder, as_tensor
 from model_registry.adapters.text import pad
 from model_registry.backends.base import EncoderBatch, Task
+from model_registry.backends.weights import from_pretrained_checked
 from model_registry.detect import Layout
 from model_registry.errors import InputTooLong, UnsupportedOperation
 from model_registry.types import Capability, ClassifyItem, Item, Kind, Labels, PairItem, Prepared, Result, Score
@@ -42,7 +43,9 @@ def classifier_head(directory: Path, config: Any, device: str = "cpu") -> Callab
     The checkpoint is read once on CPU and everything but the head is dropped."""
     from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=torch.float32).eval()
+    model = from_pretrained_checked(
+        AutoModelForSequenceClassification, directory, "sequence-classification", dtype=torch.float32
+    ).eval()
     kind = str(getattr(config, "model_type", ""))
     classifier = model.classifier.to(device)
     if kind == "distilbert":

@@ -17,6 +17,7 @@ import torch
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
+from model_registry.backends.weights import from_pretrained_checked
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.media import MediaLimits, media_of
@@ -80,7 +81,9 @@ class TwoTowerAdapter(Adapter):
         self.limits = MediaLimits.of(options)
         directory = str(self.layout.root)
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        model = AutoModel.from_pretrained(directory, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
+        model = from_pretrained_checked(
+            AutoModel, self.layout.root, "two towers", dtype=self.dtype, trust_remote_code=self.trust_remote_code
+        )
         self.model = model.to(self.device).eval()
         self.load_parts(directory)
         text_config = getattr(self.model.config, "text_config", self.model.config)

@@ -21,6 +21,7 @@ import psutil
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.cache import artifact_key, cached, invalidate, load_failed, writable_root
 from model_registry.backends.threads import compute_slot, intra_op_threads, lanes, run_in_lanes
+from model_registry.backends.weights import from_pretrained_checked
 from model_registry.errors import ModelUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,12 +45,23 @@ def compute_type(device: str, dtype: str, quantize: str) -> str:
     return "float32"
 
 
-def convert(directory: Path, staging: Path, trust_remote_code: bool) -> None:
+class _CheckedConverter(ctranslate2.converters.TransformersConverter):  # type: ignore[misc]
+    """The converter, refusing a checkpoint that lacks weights `task` reads."""
+
+    def __init__(self, source: str, task: Task, **kwargs: Any) -> None:
+        super().__init__(source, **kwargs)
+        self.task = task
+
+    def load_model(self, model_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
+        return from_pretrained_checked(model_class, Path(model_name_or_path), self.task, **kwargs)
+
+
+def convert(directory: Path, staging: Path, trust_remote_code: bool, task: Task) -> None:
     """CTranslate2's own converter; weights are stored in float32 and quantized at load time."""
     log.info("converting %s to CTranslate2 (once; later loads read the cache)", directory)
     source = _with_converter_defaults(directory, staging / "source")
     try:
-        converter = ctranslate2.converters.TransformersConverter(str(source), trust_remote_code=trust_remote_code)
+        converter = _CheckedConverter(str(source), task, trust_remote_code=trust_remote_code)
         converter.convert(str(staging / "model"), force=True)
     finally:
         shutil.rmtree(source, ignore_errors=True)
@@ -147,7 +159,7 @@ class Ct2Engine(Engine):
         key = artifact_key(directory, versions, {"recipe": RECIPE})
 
         def build(staging: Path) -> None:
-            convert(directory, staging, options.trust_remote_code)
+            convert(directory, staging, options.trust_remote_code, options.task)
 
         root = writable_root(options.cache_dir)
         return cached(root, "ctranslate2", key, build, meta={"source": str(directory), **versions})

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from model_registry.backends.base import Task
+from model_registry.backends.weights import from_pretrained_checked
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,8 @@ def export(directory: Path, task: Task, target: Path, *, trust_remote_code: bool
 
     started = time.monotonic()
     log.info("exporting %s to ONNX for %s (once; later loads read the cache)", directory, task)
-    model = getattr(transformers, _AUTO[task]).from_pretrained(
-        str(directory), dtype=torch.float32, trust_remote_code=trust_remote_code
+    model = from_pretrained_checked(
+        getattr(transformers, _AUTO[task]), directory, task, dtype=torch.float32, trust_remote_code=trust_remote_code
     )
     model = model.eval()
     type_ids = (

@@ -17,6 +17,7 @@ import torch
 
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.threads import compute_slot, cores
+from model_registry.backends.weights import from_pretrained_checked
 from model_registry.errors import ModelUnavailable
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -157,8 +158,8 @@ class TorchEngine(Engine):
         configure_threads(options.threads)
         self.task = options.task
         auto_class = getattr(transformers, _AUTO_CLASSES[options.task])
-        model = auto_class.from_pretrained(
-            str(directory), dtype=self.torch_dtype, trust_remote_code=options.trust_remote_code
+        model = from_pretrained_checked(
+            auto_class, directory, options.task, dtype=self.torch_dtype, trust_remote_code=options.trust_remote_code
         )
         self.model = model.to(self.device).eval()
         self.config = self.model.config

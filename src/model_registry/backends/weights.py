@@ -1,0 +1,53 @@
+"""Loading a transformers checkpoint with every weight its task needs, or not at all.
+
+transformers initialises at random whatever a checkpoint lacks for the class it is loaded as (a
+classification head on a base model, the LoRA layers of a model whose code lives elsewhere) and
+only reports it. A model served that way answers with numbers that mean nothing, so a load that
+leaves any weight missing or reshaped is refused here, naming the weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from model_registry.errors import ModelUnavailable
+
+#: Weights a task may leave out because it never reads them: BERT's pooler under mean or CLS
+#: pooling of the hidden states (masked-LM checkpoints do not carry it).
+_UNUSED: dict[str, tuple[str, ...]] = {"feature-extraction": ("pooler.",)}
+_SHOWN = 5
+
+
+def from_pretrained_checked(auto_class: Any, directory: Path, task: str, **kwargs: Any) -> Any:
+    """`auto_class.from_pretrained(directory, **kwargs)`, refused when weights are missing."""
+    model, info = auto_class.from_pretrained(str(directory), output_loading_info=True, **kwargs)
+    missing = sorted(k for k in info.get("missing_keys", ()) if not _unused(task, k))
+    mismatched = sorted(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", ()))
+    if missing or mismatched:
+        raise ModelUnavailable(_message(auto_class, task, missing, mismatched))
+    return model
+
+
+def _unused(task: str, key: str) -> bool:
+    return any(key.startswith(prefix) or f".{prefix}" in key for prefix in _UNUSED.get(task, ()))
+
+
+def _message(auto_class: Any, task: str, missing: list[str], mismatched: list[str]) -> str:
+    name = getattr(auto_class, "__name__", str(auto_class))
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} weight(s) missing ({_some(missing)})")
+    if mismatched:
+        parts.append(f"{len(mismatched)} weight(s) of another shape ({_some(mismatched)})")
+    return (
+        f"its files lack what {name} needs for {task}: {' and '.join(parts)}, which would be initialised at "
+        "random. The model may need its own code (`trust_remote_code: true`, with that code in the model "
+        "directory or the local hub cache) or another `kind:` (a causal LM is not a classifier or an embedder "
+        "unless its files say so)"
+    )
+
+
+def _some(keys: list[str]) -> str:
+    shown = ", ".join(keys[:_SHOWN])
+    return shown + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")
