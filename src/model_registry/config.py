@@ -42,7 +42,9 @@ class ModelSpec(_Frozen):
     name: str = Field(min_length=1, max_length=200)
     source: str = Field(min_length=1)
     kind: Kind | Literal["auto"] = "auto"
-    backend: Literal["torch", "onnx", "ctranslate2", "auto"] = "torch"
+    #: The engine; `auto` takes the fastest one measured for the model's family, device and CPU
+    #: kind that is installed, else torch (`backends.choice.FASTEST`; `/models` says which and why).
+    backend: Literal["torch", "onnx", "ctranslate2", "auto"] = "auto"
     quantize: Literal["none", "int8"] = "none"
     device: str = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8_float16"] = "auto"

@@ -3,13 +3,15 @@ chooses from the support matrix and says why."""
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from model_registry import Registry
-from model_registry.backends.choice import choose
+from model_registry.backends.choice import choose, cpu_flags, host_kind
 from model_registry.config import registry_config
 from model_registry.errors import ConfigError
 from tests.builders.text import tiny_qwen2
@@ -61,40 +63,175 @@ def test_the_model_files_rule_out_an_engine_at_start(decoder: Path, extra: dict[
     assert "backend: torch" in message or "quantize: none" in message
 
 
-def test_auto_prefers_the_fastest_measured_engine_and_says_why() -> None:
-    bert = {"model_type": "bert"}
-    cpu = choose("m", "auto", "none", "dense", bert, cuda=False)
-    assert cpu.backend == "onnx"
-    assert cpu.reason.startswith("auto:")
-    assert choose("m", "auto", "int8", "dense", bert, cuda=False).backend == "onnx"
-    assert choose("m", "auto", "none", "image_text", {"model_type": "clip"}, cuda=False).backend == "torch"
-    assert choose("m", "onnx", "none", "dense", bert, cuda=False).reason == "configured"
+def test_the_default_backend_is_auto() -> None:
+    assert registry_config({"models": [entry()]}).models[0].backend == "auto"
+    assert registry_config({"models": [entry(backend="torch")]}).models[0].backend == "torch"
 
 
-def test_auto_on_cuda_takes_onnx_runtime_where_its_cuda_build_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("device", "flags", "host"),
+    [
+        ("cpu", {"fma", "sse4_2", "avx", "f16c", "avx2"}, "cpu/avx2"),  # the AMD EPYC AVX2 hosts
+        ("cpu", {"avx2", "fma", "avx512f", "avx512_vnni"}, "cpu/avx512_vnni"),  # the AMD EPYC VNNI host
+        ("cpu", {"avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile"}, "cpu/amx"),
+        ("cpu", {"avx2", "avx512f"}, "cpu/avx2"),  # AVX-512 without VNNI: the AVX2 row
+        ("cpu", {"sse4_2", "avx"}, "cpu/other"),
+        ("cpu", {"fp", "asimd", "sve"}, "cpu/other"),  # Arm's `Features`
+        ("cpu", set(), "cpu/other"),  # no /proc/cpuinfo
+        ("cuda", {"avx2"}, "cuda"),
+        ("cuda:1", set(), "cuda"),
+        ("mps", {"avx2"}, "mps"),
+    ],
+)
+def test_the_host_kind_comes_from_the_device_and_the_cpu_flags(device: str, flags: set[str], host: str) -> None:
+    assert host_kind(device, frozenset(flags)) == host
+
+
+def test_the_cpu_flags_are_this_machine_s() -> None:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        assert cpu_flags() == frozenset()
+        return
+    found = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo.read_text(), flags=re.M)
+    assert found is not None
+    assert cpu_flags() == frozenset(found.group(1).split())
+
+
+ALL = {"onnx", "onnx-gpu", "ctranslate2"}
+BERT, XLMR = {"model_type": "bert"}, {"model_type": "xlm-roberta"}
+AVX2, VNNI, AMX = "an AVX2 CPU", "an AVX-512 VNNI CPU", "an AMX CPU"
+#: docs/backends.md's table, "How to pick": host, model, what is installed -> engine and reason.
+DECISIONS: list[tuple[str, str, dict[str, Any], dict[str, str], set[str], str, str]] = [
+    ("cpu/avx2", "dense", BERT, {}, ALL, "ctranslate2", f"fastest measured engine for dense 'bert' on {AVX2} in fp32"),
+    ("cpu/avx2", "reranker", XLMR, {}, ALL, "ctranslate2", "for reranker 'xlm-roberta'"),
+    ("cpu/avx2", "classifier", BERT, {"dtype": "float32"}, ALL, "ctranslate2", "in fp32"),
+    (
+        "cpu/avx2",
+        "dense",
+        BERT,
+        {},
+        {"onnx"},
+        "torch",
+        "ctranslate2 is not installed (pip install 'infinity-server[ctranslate2]')",
+    ),
+    ("cpu/avx2", "sparse", BERT, {}, ALL, "torch", f"no engine measured faster serves sparse 'bert' on {AVX2}"),
+    (
+        "cpu/avx2",
+        "dense",
+        {"model_type": "electra"},
+        {},
+        ALL,
+        "torch",
+        "no engine measured faster serves dense 'electra'",
+    ),
+    ("cpu/avx2", "dense", {"model_type": "qwen2"}, {}, ALL, "torch", "no engine measured faster serves dense 'qwen2'"),
+    ("cpu/avx2", "image_text", {"model_type": "clip"}, {}, ALL, "torch", "serves image_text 'clip'"),
+    ("cpu/avx2", "dense", BERT, {"dtype": "bfloat16"}, ALL, "torch", "no engine measured faster than torch"),
+    ("cpu/avx512_vnni", "dense", BERT, {}, ALL, "ctranslate2", f"for dense 'bert' on {VNNI} in fp32"),
+    ("cpu/avx512_vnni", "dense", BERT, {}, {"onnx"}, "onnx", f"for dense 'bert' on {VNNI} in fp32"),
+    ("cpu/avx512_vnni", "multivector", BERT, {}, ALL, "onnx", f"for multivector 'bert' on {VNNI}"),
+    (
+        "cpu/avx512_vnni",
+        "sparse",
+        BERT,
+        {},
+        {"ctranslate2"},
+        "torch",
+        "onnxruntime is not installed (pip install 'infinity-server[onnx]')",
+    ),
+    ("cpu/amx", "dense", BERT, {}, ALL, "torch", f"no engine measured faster than torch on {AMX} in fp32"),
+    ("cpu/other", "dense", BERT, {}, ALL, "torch", "no engine measured faster than torch on a CPU without AVX2"),
+    ("mps", "dense", BERT, {}, ALL, "torch", "no engine measured faster than torch on mps"),
+    ("cuda", "dense", BERT, {}, ALL, "onnx", "fastest measured engine for dense 'bert' on CUDA in float16"),
+    ("cuda", "sparse", BERT, {}, ALL, "onnx", "for sparse 'bert' on CUDA in float16"),
+    (
+        "cuda",
+        "dense",
+        BERT,
+        {},
+        {"onnx", "ctranslate2"},
+        "torch",
+        "onnxruntime-gpu is not installed (pip install 'infinity-server[onnx-gpu]')",
+    ),
+    (
+        "cuda",
+        "dense",
+        BERT,
+        {"dtype": "float32"},
+        ALL,
+        "torch",
+        "no engine measured faster than torch on CUDA in float32",
+    ),
+    ("cuda", "dense", BERT, {"dtype": "bfloat16"}, ALL, "torch", "on CUDA in bfloat16"),
+    (
+        "cuda",
+        "image_text",
+        {"model_type": "clip"},
+        {},
+        ALL,
+        "torch",
+        "no engine measured faster serves image_text 'clip' on CUDA",
+    ),
+    # int8 only where asked for: then the int8 engine measured fastest, CTranslate2 before ONNX Runtime.
+    ("cpu/avx2", "dense", BERT, {"quantize": "int8"}, ALL, "ctranslate2", f"on {AVX2} in int8"),
+    ("cpu/amx", "dense", BERT, {"quantize": "int8"}, ALL, "ctranslate2", f"on {AMX} in int8"),
+    ("cpu/other", "dense", BERT, {"quantize": "int8"}, {"onnx"}, "onnx", "on a CPU without AVX2 in int8"),
+    ("cpu/avx2", "sparse", BERT, {"quantize": "int8"}, ALL, "onnx", "for sparse 'bert' on an AVX2 CPU in int8"),
+    ("cuda", "dense", BERT, {"quantize": "int8"}, ALL, "ctranslate2", "on CUDA in int8_float16"),
+]
+
+
+@pytest.mark.parametrize(("host", "kind", "config", "options", "extras", "engine", "reason"), DECISIONS)
+def test_auto_takes_the_fastest_measured_engine_installed_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+    host: str,
+    kind: str,
+    config: dict[str, Any],
+    options: dict[str, str],
+    extras: set[str],
+    engine: str,
+    reason: str,
+) -> None:
     from model_registry.backends import choice
 
-    bert = {"model_type": "bert"}
-    monkeypatch.setattr(choice, "onnx_runs_on_cuda", lambda: False)
-    without = choose("m", "auto", "none", "dense", bert, cuda=True)
-    assert without.backend == "torch"
-    assert "pip install 'infinity-server[onnx-gpu]'" in without.reason
-    monkeypatch.setattr(choice, "onnx_runs_on_cuda", lambda: True)
-    dense = choose("m", "auto", "none", "dense", bert, cuda=True)
-    assert (dense.backend, dense.reason) == (
-        "onnx",
-        "auto: lowest measured latency for dense 'bert' on CUDA in float16",
+    monkeypatch.setattr(choice, "installed", lambda backend: backend == "torch" or backend in extras)
+    monkeypatch.setattr(choice, "onnx_runs_on_cuda", lambda: "onnx-gpu" in extras)
+    device = "cuda" if host == "cuda" else "mps" if host == "mps" else "cpu"
+    chosen = choose(
+        "m",
+        "auto",
+        options.get("quantize", "none"),
+        kind,
+        config,
+        device,
+        dtype=options.get("dtype", "auto"),
+        host=host,
     )
-    assert choose("m", "auto", "none", "sparse", bert, cuda=True).backend == "onnx"
-    assert "float32" in choose("m", "auto", "none", "dense", bert, cuda=True, dtype="float32").reason
-    assert choose("m", "auto", "none", "dense", bert, cuda=True, dtype="bfloat16").backend == "torch"
-    assert choose("m", "auto", "none", "image_text", {"model_type": "clip"}, cuda=True).backend == "torch"
-    assert choose("m", "auto", "none", "dense", {"model_type": "qwen2"}, cuda=True).backend == "torch"
-    if choice.installed("ctranslate2"):
-        int8 = choose("m", "auto", "int8", "dense", bert, cuda=True)
-        assert (int8.backend, int8.reason.endswith("on CUDA in int8_float16")) == ("ctranslate2", True)
+    assert chosen.backend == engine
+    assert chosen.reason.startswith(f"auto: {engine}, ")
+    assert reason in chosen.reason
+
+
+def test_auto_never_quantizes_on_its_own() -> None:
+    for host in ("cpu/avx2", "cpu/avx512_vnni", "cpu/amx", "cpu/other", "cuda", "mps"):
+        device = "cuda" if host == "cuda" else "cpu"
+        chosen = choose("m", "auto", "none", "dense", BERT, device, host=host)
+        assert "int8" not in chosen.reason
+
+
+def test_an_explicit_backend_is_configured_and_auto_reads_this_machine() -> None:
+    assert choose("m", "onnx", "none", "dense", BERT, "cpu").reason == "configured"
+    assert choose("m", "torch", "none", "dense", BERT, "cuda").reason == "configured"
+    assert choose("m", "auto", "none", "dense", BERT, "cpu") == choose(
+        "m", "auto", "none", "dense", BERT, "cpu", host=host_kind("cpu", cpu_flags())
+    )
+
+
+def test_int8_with_auto_where_no_engine_runs_it_is_an_error() -> None:
     with pytest.raises(ValueError, match="set quantize: none"):
-        choose("m", "auto", "int8", "sparse", bert, cuda=True)  # no engine runs SPLADE in int8 on CUDA
+        choose("m", "auto", "int8", "sparse", BERT, "cuda", host="cuda")  # no engine runs SPLADE in int8 on CUDA
+    with pytest.raises(ValueError, match="found no engine for a dense 'qwen2' model"):
+        choose("m", "auto", "int8", "dense", {"model_type": "qwen2"}, "cpu", host="cpu/avx2")
 
 
 def test_an_onnx_model_meant_for_cuda_never_runs_on_the_cpu_unseen(tmp_path: Path) -> None:
@@ -218,3 +355,120 @@ def test_an_onnx_engine_loaded_with_device_auto_runs_on_the_cpu_of_a_machine_wit
         assert (engine.device, engine.dtype) == ("cpu", "float32")
     finally:
         engine.release()
+
+
+def documented_engine(installed: set[str]) -> str:
+    """What docs/backends.md's table gives a dense BERT in fp32 on this machine, read from
+    /proc/cpuinfo here rather than through the code under test."""
+    from model_registry.memory import cuda_available
+
+    if cuda_available():
+        return "onnx" if "onnx-gpu" in installed else "torch"
+    cpuinfo = Path("/proc/cpuinfo")
+    found = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo.read_text() if cpuinfo.is_file() else "", flags=re.M)
+    flags = set(found.group(1).split()) if found else set()
+    if flags & {"amx_tile", "amx_int8", "amx_bf16"} or "avx2" not in flags:
+        return "torch"
+    order = ["ctranslate2", "onnx"] if "avx512_vnni" in flags else ["ctranslate2"]
+    return next((engine for engine in order if engine in installed), "torch")
+
+
+def installed_extras() -> set[str]:
+    import importlib.metadata
+    import importlib.util
+
+    found = {
+        name
+        for name, module in (("onnx", "onnxruntime"), ("ctranslate2", "ctranslate2"))
+        if importlib.util.find_spec(module)
+    }
+    try:
+        importlib.metadata.distribution("onnxruntime-gpu")
+        found.add("onnx-gpu")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return found
+
+
+def loaded_models(server: Any) -> dict[str, dict[str, Any]]:
+    """/v1/models once every model there is loaded (pinned models may still be loading)."""
+    with server.client() as client:
+        for _ in range(1200):
+            models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+            if all(m["status"] in ("loaded", "failed") for m in models.values()):
+                return models
+            time.sleep(0.1)
+    raise AssertionError(f"the models did not load: {models}")
+
+
+@pytest.mark.slow
+def test_the_bundled_model_with_no_configuration_runs_on_the_engine_auto_chooses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No configuration at all, as `scripts/serve` starts: the server serves the bundled MiniLM (a
+    dense BERT) on the engine the documented table gives this machine, and /v1/models says `auto:`
+    and why."""
+    from infinity_server.app import create_app
+    from infinity_server.settings import load_settings
+    from tests.conftest import start_server
+
+    monkeypatch.setenv("INFINITY_ENGINE_CACHE", str(tmp_path / "engines"))
+    server = start_server(create_app(load_settings(None, environ={})))
+    try:
+        models = loaded_models(server)
+        with server.client() as client:
+            response = client.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["A cat sleeps."]})
+    finally:
+        server.close()
+    assert response.status_code == 200, response.text
+    assert len(response.json()["data"][0]["embedding"]) == 384
+    model = models["all-MiniLM-L6-v2"]
+    assert model["status"] == "loaded", model["error"]
+    expected = documented_engine(installed_extras())
+    assert model["backend"] == expected
+    engine = model["details"]["engine"]
+    assert engine["backend"] == expected
+    assert engine["reason"].startswith(f"auto: {expected}, ")
+
+
+@pytest.mark.slow
+def test_a_model_entry_without_a_backend_is_auto_and_an_explicit_one_is_configured(serve: Any, tmp_path: Path) -> None:
+    from tests.builders.text import tiny_bert
+
+    bert = str(tiny_bert(tmp_path / "bert"))
+    config = {
+        "models": [
+            {"name": "plain", "source": bert, "pin": True},
+            {"name": "torch", "source": bert, "backend": "torch", "pin": True},
+        ],
+        "engine_cache": str(tmp_path / "engines"),
+    }
+    models = loaded_models(serve(config))
+    expected = documented_engine(installed_extras())
+    assert models["plain"]["backend"] == expected
+    assert models["plain"]["details"]["engine"]["reason"].startswith(f"auto: {expected}, ")
+    assert models["torch"]["backend"] == "torch"
+    assert models["torch"]["details"]["engine"]["reason"] == "configured"
+
+
+def test_auto_is_sized_in_the_device_s_default_precision_before_it_loads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On CUDA `auto` runs in float16 whichever engine it takes (ONNX Runtime or torch): its
+    estimate is torch's float16 one, not the float32 of a converting engine on a CPU."""
+    import torch
+
+    from model_registry.adapters import LoadOptions, create_adapter
+    from model_registry.config import ModelSpec
+    from tests.builders.text import tiny_bert
+
+    bert = str(tiny_bert(tmp_path / "bert"))
+    adapter = create_adapter(ModelSpec(name="m", source=bert))
+
+    def estimate(backend: str) -> int:
+        return adapter.estimate(LoadOptions(device="auto", dtype="auto", max_batch_tokens=16384, backend=backend)) or 0
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert estimate("auto") == estimate("torch") == estimate("onnx")  # float32 on a CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert estimate("auto") == estimate("torch") < estimate("onnx")

