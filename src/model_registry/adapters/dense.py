@@ -209,8 +209,9 @@ class TextEncoder(Adapter):
         directory = self.layout.transformer_dir
         config = AutoConfig.from_pretrained(str(directory), trust_remote_code=self.trust_remote_code)
         # Converting engines keep float32 activations on CPU; their working memory is sized so.
+        # `auto` runs in the device's default precision whichever engine it takes.
         dtype = torch.float32
-        if options.backend == "torch":
+        if options.backend in ("torch", "auto"):
             dtype = backend.resolve_dtype(options.dtype, backend.resolve_device(options.device))
         working = backend.activation_estimate(config, options.max_batch_tokens, self.layout.max_length, dtype)
         return weight_bytes(self.layout.root) + working
