@@ -32,7 +32,7 @@ from infinity_server.schemas.cohere import CohereEmbedRequest, CohereEmbedRespon
 from infinity_server.schemas.encode import EncodeRequest
 from infinity_server.schemas.infinity import ClassifyRequest, RerankRequest
 from infinity_server.schemas.media import MediaEmbeddingRequest, MediaRerankRequest
-from infinity_server.schemas.openai import EmbeddingRequest
+from infinity_server.schemas.openai import EmbeddingRequest, InfinityEmbeddingRequest
 
 Scope = Literal["inference", "admin", "metrics"] | None
 
@@ -111,8 +111,9 @@ _READY_503 = ((503, out.Readiness),)  # readiness answers 503 with its own body
 #: One line per route. A route the app serves without a line here fails the tests.
 OPERATIONS: tuple[Operation, ...] = (
     model_op("POST", "/v1/embeddings", "Embeddings (OpenAI; text, image or audio)", EmbeddingRequest, _E),
-    model_op("POST", "/embeddings", "Embeddings (Infinity's unversioned path)", EmbeddingRequest, _E),
+    model_op("POST", "/embeddings", "Embeddings (Infinity's unversioned path)", InfinityEmbeddingRequest, _E),
     Operation("GET", "/v1/models", "The configured models and their state", None, _LIST, PLAIN_ERRORS),
+    Operation("GET", "/v1/models/{name}", "One model and its state", None, out.ModelEntry, (*PLAIN_ERRORS, 404)),
     Operation("GET", "/models", "The configured models (unversioned path)", None, _LIST, PLAIN_ERRORS),
     replace(
         model_op("POST", "/rerank", "Rerank (Infinity's or TEI's body)", RerankEitherRequest, RerankEitherResponse),

@@ -123,8 +123,19 @@ _REGISTRY_KEYS = (
 
 @dataclass(frozen=True)
 class Settings:
+    """The server's settings and the registry's; together they are checked against each other."""
+
     server: ServerSettings
     registry: RegistryConfig
+
+    def __post_init__(self) -> None:
+        served = [spec.name for spec in self.registry.models]
+        for family, name in self.server.default_models.items():
+            if name not in served:
+                raise ConfigError(
+                    f"invalid configuration: server.default_models.{family} is '{name}', which is not served; "
+                    f"the served models are: {', '.join(served) or 'none'}"
+                )
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, str]:

@@ -1,6 +1,9 @@
-"""The OpenAI dialect: `POST /v1/embeddings`, `GET /v1/models` (and their unversioned twins).
+"""The OpenAI dialect: `POST /v1/embeddings`, `GET /v1/models`, `GET /v1/models/{id}`, and
+Infinity's unversioned `POST /embeddings` and `GET /models`.
 
-`modality: image | audio` (Infinity's field) takes URLs or data URIs instead of texts.
+`modality: image | audio` (Infinity's field) takes URLs or data URIs instead of texts. The model
+list is one shape for both clients: OpenAI's fields, and Infinity's `stats` and `owned_by`, which
+`infinity_client` requires.
 """
 
 from __future__ import annotations
@@ -8,11 +11,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from starlette.convertors import register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from infinity_server.api.common import (
+    ModelName,
     engine_inputs,
     json_response,
     parse_body,
@@ -21,10 +26,20 @@ from infinity_server.api.common import (
     vectors_response,
 )
 from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
-from infinity_server.schemas.openai import EmbeddingRequest
+from infinity_server.schemas.openai import EmbeddingRequest, InfinityEmbeddingRequest
 from model_registry import ModelInfo, Results
 
 _CREATED = int(time.time())
+
+
+class ModelId(ModelName):
+    """`{name:model_id}`: a model name that does not end in `/load` or `/unload`, so that a GET of an
+    admin route's path answers 405 (and `Allow: POST`) instead of "no such model"."""
+
+    regex = "(?s:.*)(?<!/load)(?<!/unload)"
+
+
+register_url_convertor("model_id", ModelId())
 
 
 def embedding_list(
@@ -38,7 +53,14 @@ def embedding_list(
 
 
 async def embeddings(request: Request) -> Response:
-    body = await parse_body(request, EmbeddingRequest)
+    return await _embeddings(request, await parse_body(request, EmbeddingRequest))
+
+
+async def infinity_embeddings(request: Request) -> Response:
+    return await _embeddings(request, await parse_body(request, InfinityEmbeddingRequest))
+
+
+async def _embeddings(request: Request, body: EmbeddingRequest) -> Response:
     registry = registry_of(request)
     async with engine_inputs(request, body.model, body.modality, body.inputs(), body.media_inputs) as inputs:
         options = body.truncation(body.truncate)
@@ -56,7 +78,7 @@ def model_entry(info: ModelInfo) -> dict[str, Any]:
         "id": info.name,
         "object": "model",
         "created": _CREATED,
-        "owned_by": "infinity-server",
+        "owned_by": "infinity",
         "kind": info.kind.value,
         "capabilities": sorted(c.value for c in info.capabilities),
         "backend": info.backend,
@@ -69,6 +91,7 @@ def model_entry(info: ModelInfo) -> dict[str, Any]:
         "footprint_bytes": info.footprint_bytes,
         "last_used": info.last_used,
         "queue_depth": info.queue_depth,
+        "stats": {"queue_depth": info.queue_depth, "queue_tokens": info.queue_tokens},
         "error": info.error,
         **({"details": dict(info.extra)} if info.extra else {}),
     }
@@ -79,9 +102,15 @@ async def models(request: Request) -> Response:
     return json_response({"object": "list", "data": data})
 
 
+async def model(request: Request) -> Response:
+    """One model's entry (`client.models.retrieve(id)`); an unknown one is a 404 in OpenAI's shape."""
+    return json_response(model_entry(registry_of(request).info(request.path_params["name"])))
+
+
 routes = [
     Route("/v1/embeddings", embeddings, methods=["POST"]),
-    Route("/embeddings", embeddings, methods=["POST"]),
+    Route("/embeddings", infinity_embeddings, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/models", models, methods=["GET"]),
+    Route("/v1/models/{name:model_id}", model, methods=["GET"]),
 ]

@@ -6,7 +6,8 @@
 same path. Errors are `{"error", "error_type"}` with the statuses of the one error table.
 
 Which model: the body's `model` (or `?model=` on `GET /info`); without it the route family's
-`server.default_models` entry; without that, the only served model. See docs/dialects/tei.md.
+`server.default_models` entry; without that, the only served model, or else the only one that can
+serve the family (by its kind, known from its files before it loads). See docs/dialects/tei.md.
 """
 
 from __future__ import annotations
@@ -47,19 +48,35 @@ from model_registry import Capability, InvalidInput, Kind, ModelInfo, OutputLimi
 TEI_SHAPED_BODY = answers_in(Shape.TEI)
 
 
+#: What a model must be able to do to be a route family's default.
+FAMILY_CAPABILITIES: dict[str, frozenset[Capability]] = {
+    "embed": frozenset({Capability.EMBED_TEXT}),
+    "embed_sparse": frozenset({Capability.SPARSE}),
+    "embed_all": frozenset({Capability.MULTIVECTOR}),
+    "predict": frozenset({Capability.CLASSIFY, Capability.RERANK}),
+    "rerank": frozenset({Capability.RERANK}),
+}
+
+
 def model_for(request: Request, asked: str | None, family: str) -> str:
-    """The body's model, else the family's configured default, else the only served model."""
+    """The body's model, else the family's configured default, else the only served model, else the
+    only served model that can serve the family."""
     if asked is not None:
         return asked
     configured: dict[str, str] = request.app.state.settings.server.default_models
     if family in configured:
         return configured[family]
-    names = registry_of(request).names()
+    registry = registry_of(request)
+    names = registry.names()
     if len(names) == 1:
         return names[0]
+    able = [i.name for i in registry.infos() if i.capabilities & FAMILY_CAPABILITIES[family]]
+    if len(able) == 1:
+        return able[0]
+    which = f"{len(able)} of them can serve it ({', '.join(able)})" if able else "none of them can serve it"
     raise InvalidInput(
-        f"this server serves {len(names)} models ({', '.join(names)}); name one in 'model', or set "
-        f"server.default_models.{family} in the configuration",
+        f"this server serves {len(names)} models ({', '.join(names)}) and {which}; name one in 'model', "
+        f"or set server.default_models.{family} in the configuration",
         param="model",
     )
 
@@ -156,7 +173,7 @@ def _predictions(info: ModelInfo, sequences: list[list[str]]) -> tuple[str, Any]
 
 
 async def predictions(request: Request, body: TeiPredictRequest, family: str = "predict") -> tuple[list[Any], bool]:
-    """One list of `{score, label}` per input, and whether the body was a batch."""
+    """One list of `{score, label}` per input (best first, cut to `top_k`), and whether the body was a batch."""
     registry = registry_of(request)
     model = model_for(request, body.model, family)
     sequences, batch = _sequences(body.inputs)
@@ -169,7 +186,8 @@ async def predictions(request: Request, body: TeiPredictRequest, family: str = "
     }
     if operation == "classify":
         result = await until_disconnected(request, registry.classify(model, inputs, **options))
-        return [[{"score": s.score, "label": s.label} for s in row] for row in result.results], batch
+        kept = body.top_labels()
+        return [[{"score": s.score, "label": s.label} for s in row[:kept]] for row in result.results], batch
     scored = await until_disconnected(request, registry.score(model, inputs, **options))
     return [[{"score": s, "label": "LABEL_0"}] for s in scored.scores], batch
 
@@ -283,9 +301,11 @@ def _model_type(info: ModelInfo) -> dict[str, Any]:
 
 
 async def info(request: Request) -> Response:
+    """The model as it is now, never loaded for the asking: a model not loaded yet is described from
+    its configuration and files (its kind), and its length, labels and pooling show once it loads."""
     registry = registry_of(request)
     model = model_for(request, request.query_params.get("model"), "embed")
-    described = await registry.load(model)
+    described = registry.info(model)
     server = request.app.state.settings.server
     return json_response(
         {
@@ -305,6 +325,7 @@ async def info(request: Request) -> Response:
             "max_body_bytes": server.max_body_bytes,
             "kind": described.kind.value,
             "capabilities": sorted(c.value for c in described.capabilities),
+            "status": described.state.value,
         }
     )
 
@@ -325,16 +346,18 @@ async def root(request: Request) -> Response:
     if named is not None:
         data["model"] = named.partition("/pipeline/")[0]
     if isinstance(data.get("inputs"), dict):
-        return json_response(await similarities(request, TeiSimilarityRequest.model_validate(data)))
+        return json_response(await similarities(request, await parse_body(request, TeiSimilarityRequest, data)))
     asked = data.get("model")
     model = model_for(request, asked if isinstance(asked, str) else None, "embed")
+    if asked is None:  # the route below answers for this model, not its own family's default
+        data["model"] = model
     described = registry_of(request).info(model)
     if described.capabilities & {Capability.CLASSIFY, Capability.RERANK}:
-        rows, _ = await predictions(request, TeiPredictRequest.model_validate(data))
+        rows, _ = await predictions(request, await parse_body(request, TeiPredictRequest, data))
         return json_response(rows)
     if described.capabilities == {Capability.SPARSE}:
-        return await _embed_sparse(request, TeiEmbedRequest.model_validate(data))
-    return await _embed_dense(request, TeiEmbedRequest.model_validate(data))
+        return await _embed_sparse(request, await parse_body(request, TeiEmbedRequest, data))
+    return await _embed_dense(request, await parse_body(request, TeiEmbedRequest, data))
 
 
 routes = [

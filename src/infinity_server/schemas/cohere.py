@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, Field, StrictBool, StrictInt, StrictStr
 
-from infinity_server.schemas.common import ModelOptions, Priority
+from infinity_server.schemas.common import Body, ModelOptions, Priority, at_least
 from model_registry import InvalidInput
 
 
@@ -50,34 +50,28 @@ ROLES: dict[str, str | None] = {
 }
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class TextPart(Body):
     type: Literal["text"]
     text: Annotated[StrictStr, Field(min_length=1)]
 
 
-class ImageUrl(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class ImageUrl(Body):
     url: StrictStr
 
 
-class ImagePart(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class ImagePart(Body):
     type: Literal["image_url"]
     image_url: ImageUrl
 
 
-class EmbedInput(BaseModel):
+class EmbedInput(Body):
     """One v2 input: its text parts are joined into one text, or it is exactly one image."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
     content: Annotated[list[Annotated[TextPart | ImagePart, Field(discriminator="type")]], Field(min_length=1)]
 
 
-class CohereEmbedRequest(BaseModel):
+class CohereEmbedRequest(Body):
     """`POST /v1/embed` and `POST /v2/embed`: `texts`, `images` (data URIs) or v2 `inputs`."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     model: StrictStr
     texts: list[StrictStr] | None = None
@@ -85,7 +79,9 @@ class CohereEmbedRequest(BaseModel):
     inputs: list[EmbedInput] | None = None
     input_type: InputType | None = None
     embedding_types: Annotated[list[CohereEmbeddingType], Field(min_length=1)] | None = None
-    output_dimension: StrictInt | None = None
+    output_dimension: Annotated[
+        StrictInt | None, AfterValidator(at_least(1, "output_dimension")), Field(json_schema_extra={"minimum": 1})
+    ] = None
     truncate: Literal["NONE", "START", "END"] = "END"
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     priority: Priority = None

@@ -2,30 +2,79 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from model_registry import InvalidInput
 
-#: Lower numbers run first; raising a request above the default may need the `priority` scope.
+#: Higher numbers run first; raising a request above the default needs the `priority` scope (or
+#: `server.allow_client_priority`), lowering it is free.
 Priority = Annotated[StrictInt | None, Field(ge=-100, le=100)]
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+
+
+def at_least(lowest: int, param: str) -> Callable[[int | None], int | None]:
+    """A check that a count is `lowest` or more: a 400 naming `param` (a wrong type stays a 422)."""
+
+    def check(value: int | None) -> int | None:
+        if value is not None and value < lowest:
+            raise InvalidInput(f"{param} must be {lowest} or more, got {value}", param=param)
+        return value
+
+    return check
 
 
 def _zero_is_all(value: int | None) -> int | None:
     return None if value == 0 else value
 
 
-#: A Matryoshka cut; 0 means the whole vector, as in Infinity (whose client sends 0 by default).
-Dimensions = Annotated[StrictInt | None, AfterValidator(_zero_is_all)]
+#: A Matryoshka cut: 1 up to the model's dimensions (a larger cut is a 400 naming both).
+Dimensions = Annotated[
+    StrictInt | None, AfterValidator(at_least(1, "dimensions")), Field(json_schema_extra={"minimum": 1})
+]
+#: Infinity's own paths: 0 means the whole vector, as in Infinity, whose client sends 0 by default.
+InfinityDimensions = Annotated[
+    StrictInt | None,
+    AfterValidator(at_least(0, "dimensions")),
+    AfterValidator(_zero_is_all),
+    Field(json_schema_extra={"minimum": 0}),
+]
 TruncationDirection = Literal["left", "right", "Left", "Right"]
 
 
-class EngineOptions(BaseModel):
-    """The engine's options as extensions on every dialect's body: truncation and priority."""
+def _null_allowed(schema: dict[str, Any]) -> None:
+    """The document says what `Body` accepts: null for every field that has a default."""
+    required = set(schema.get("required", ()))
+    for name, field in schema.get("properties", {}).items():
+        if name in required or _accepts_null(field):
+            continue
+        kept = {k: field.pop(k) for k in ("title", "default", "description", "minimum") if k in field}
+        schema["properties"][name] = {"anyOf": [field, {"type": "null"}], **kept}
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+
+def _accepts_null(field: dict[str, Any]) -> bool:
+    return field.get("type") == "null" or any(_accepts_null(f) for f in field.get("anyOf", ()))
+
+
+class Body(BaseModel):
+    """A request body (or a part of one). `null` for a field that has a default means that default,
+    as it does in OpenAI's API: litellm and dspy send `"encoding_format": null`, others `"user": null`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, json_schema_extra=_null_allowed)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
+
+
+class EngineOptions(Body):
+    """The engine's options as extensions on every dialect's body: truncation and priority."""
 
     truncate: StrictBool | None = None
     priority: Priority = None
@@ -37,11 +86,9 @@ def _not_zero(value: int | None) -> int | None:
     return value
 
 
-class PromptTokenLimit(BaseModel):
+class PromptTokenLimit(Body):
     """vLLM's `truncate_prompt_tokens`: -1 cuts texts at the model's limit, k keeps each text's
     last k tokens (special tokens included, as vLLM counts them); it overrides `truncate`."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     truncate_prompt_tokens: Annotated[StrictInt | None, Field(ge=-1), AfterValidator(_not_zero)] = None
 

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from infinity_server.schemas.common import Dimensions, NonEmpty, Priority
+from infinity_server.schemas.common import Body, InfinityDimensions, NonEmpty, Priority
 
 
-class MediaEmbeddingRequest(BaseModel):
+class MediaEmbeddingRequest(Body):
     """Infinity's `POST /embeddings_image` and `/embeddings_audio`: URLs or data URIs."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     model: StrictStr
     input: NonEmpty | list[NonEmpty]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Dimensions = None
+    dimensions: InfinityDimensions = None
     user: StrictStr | None = None
     priority: Priority = None
 
@@ -25,10 +23,8 @@ class MediaEmbeddingRequest(BaseModel):
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
-class MediaRerankRequest(BaseModel):
+class MediaRerankRequest(Body):
     """`POST /v1/rerank/images` (and `/v1/rerank/audio`): media documents ranked against a text query."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     model: StrictStr
     query: NonEmpty

@@ -7,15 +7,22 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictInt, StrictStr
 
 from infinity_server.encoding import EmbeddingType, EncodingFormat
-from infinity_server.schemas.common import Dimensions, ModelOptions, PromptTokenLimit, media_strings
+from infinity_server.schemas.common import (
+    Dimensions,
+    InfinityDimensions,
+    ModelOptions,
+    PromptTokenLimit,
+    media_strings,
+)
 
 TokenList = Annotated[list[StrictInt], Field(min_length=1)]
 EmbeddingInput = StrictStr | list[StrictStr] | TokenList | list[TokenList]
 
 
 class EmbeddingRequest(ModelOptions, PromptTokenLimit):
-    """`POST /v1/embeddings` and Infinity's `POST /embeddings`, plus this server's extensions and
-    vLLM's `truncate_prompt_tokens`."""
+    """`POST /v1/embeddings`, plus this server's extensions and vLLM's `truncate_prompt_tokens`.
+
+    A `null` optional field means its default (litellm and dspy send `"encoding_format": null`)."""
 
     input: EmbeddingInput
     encoding_format: EncodingFormat = "float"
@@ -38,3 +45,9 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit):
 
     def media_inputs(self) -> list[str]:
         return media_strings(self.input)
+
+
+class InfinityEmbeddingRequest(EmbeddingRequest):
+    """Infinity's `POST /embeddings`: the same body, where `dimensions: 0` means the whole vector."""
+
+    dimensions: InfinityDimensions = None

@@ -48,11 +48,18 @@ class EmbeddingResponse(BaseModel):
     usage: Usage
 
 
+class ModelStats(BaseModel):
+    """Infinity's `stats` object (its client requires one): the model's queue."""
+
+    queue_depth: int
+    queue_tokens: int
+
+
 class ModelEntry(BaseModel):
     id: str
     object: Literal["model"]
     created: int
-    owned_by: str
+    owned_by: Literal["infinity"] = Field(description="Infinity's value, which infinity_client requires")
     kind: str
     capabilities: list[str]
     backend: str
@@ -65,6 +72,7 @@ class ModelEntry(BaseModel):
     footprint_bytes: int | None
     last_used: float | None
     queue_depth: int
+    stats: ModelStats
     error: str | None
     details: dict[str, Any] | None = None
 

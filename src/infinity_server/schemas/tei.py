@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StrictStr
 
-from infinity_server.schemas.common import EngineOptions, NonEmpty
+from infinity_server.schemas.common import Body, Dimensions, EngineOptions, NonEmpty
 from infinity_server.schemas.openai import EmbeddingInput
 
 
@@ -25,14 +25,24 @@ class TeiEmbedRequest(TeiOptions):
     inputs: EmbeddingInput
     normalize: StrictBool = True
     prompt_name: StrictStr | None = None
-    dimensions: StrictInt | None = None
+    dimensions: Dimensions = None
 
 
 PredictSequence = Annotated[list[StrictStr], Field(min_length=1, max_length=2)]
+TopK = Annotated[StrictInt | None, Field(ge=1)]
+
+
+class PredictParameters(Body):
+    """The Hugging Face Inference API's text-classification parameters (`InferenceClient` sends them)."""
+
+    top_k: TopK = None
 
 
 class TeiPredictRequest(TeiOptions):
-    """A text, a pair `[a, b]`, or a batch of texts and pairs `[[a], [a, b], ...]`."""
+    """A text, a pair `[a, b]`, or a batch of texts and pairs `[[a], [a, b], ...]`.
+
+    `top_k` (or `parameters.top_k`, as `InferenceClient.text_classification(top_k=...)` sends it)
+    keeps each text's best k labels."""
 
     inputs: (
         StrictStr
@@ -40,6 +50,12 @@ class TeiPredictRequest(TeiOptions):
         | Annotated[list[PredictSequence], Field(min_length=1)]
     )
     raw_scores: StrictBool = False
+    top_k: TopK = None
+    parameters: PredictParameters | None = None
+
+    def top_labels(self) -> int | None:
+        """How many labels to keep per text (None: all)."""
+        return self.top_k if self.top_k is not None else self.parameters.top_k if self.parameters else None
 
 
 class TeiRerankRequest(TeiOptions):
@@ -49,14 +65,13 @@ class TeiRerankRequest(TeiOptions):
     return_text: StrictBool = False
 
 
-class SimilarityInput(BaseModel):
+class SimilarityInput(Body):
     model_config = ConfigDict(extra="forbid", frozen=True)
     source_sentence: NonEmpty
     sentences: Annotated[list[StrictStr], Field(min_length=1)]
 
 
-class SimilarityParameters(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class SimilarityParameters(Body):
     truncate: StrictBool | None = None
     truncation_direction: Literal["left", "right", "Left", "Right"] = "right"
     prompt_name: StrictStr | None = None
@@ -68,16 +83,14 @@ class TeiSimilarityRequest(EngineOptions):
     parameters: SimilarityParameters | None = None
 
 
-class TeiTokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class TeiTokenizeRequest(Body):
     model: StrictStr | None = None
     inputs: StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
     add_special_tokens: StrictBool = True
     prompt_name: StrictStr | None = None
 
 
-class TeiDecodeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class TeiDecodeRequest(Body):
     model: StrictStr | None = None
     ids: Annotated[list[StrictInt], Field(min_length=1)] | Annotated[list[list[StrictInt]], Field(min_length=1)]
     skip_special_tokens: StrictBool = True

@@ -55,6 +55,20 @@ def dialect_server(dialect_models: dict[str, Path]) -> Iterator[LiveServer]:
     live.close()
 
 
+@pytest.fixture(scope="session")
+def embedder_and_reranker(dialect_models: dict[str, Path]) -> Iterator[LiveServer]:
+    """Two models and no `server.default_models`: a client that names no model gets the one that can
+    serve its route."""
+    from infinity_server.app import create_app
+    from infinity_server.settings import ServerSettings, Settings
+    from model_registry.config import registry_config
+
+    entries = [{"name": name, "source": str(dialect_models[name])} for name in ("dense", "ce")]
+    live = start_server(create_app(Settings(ServerSettings(), registry_config({"models": entries}))))
+    yield live
+    live.close()
+
+
 def post(server: LiveServer, path: str, body: dict[str, Any]) -> Any:
     """The JSON answer of a request that must succeed."""
     with server.client() as client:

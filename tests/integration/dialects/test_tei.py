@@ -201,6 +201,8 @@ def test_tokenize_and_decode_follow_the_tokenizer(dialect_server: LiveServer, di
 
 
 def test_info_describes_the_chosen_model(dialect_server: LiveServer) -> None:
+    post(dialect_server, "/classify", {"model": "clf", "input": "loaded"})  # /info never loads a model
+    post(dialect_server, "/embed", {"inputs": "loaded"})
     with dialect_server.client() as client:
         default = client.get("/info").json()
         classifier = client.get("/info", params={"model": "clf"}).json()
@@ -256,18 +258,6 @@ def test_bad_input_in_tei_error_shape(
     assert answer["error"]
     assert answer["error_type"] == "Validation"
     assert alive.status_code == 200
-
-
-def test_without_model_or_default_several_models_is_a_clear_error(serve: Any, dialect_models: dict[str, Path]) -> None:
-    server = serve({"models": [{"name": n, "source": str(dialect_models[n])} for n in ("dense", "ce")]})
-    with server.client() as client:
-        response = client.post("/embed", json={"inputs": "a"})
-        named = client.post("/embed", json={"inputs": "a", "model": "dense"})
-    assert response.status_code == 400
-    assert response.json()["error_type"] == "Validation"
-    assert "dense, ce" in response.json()["error"]
-    assert "default_models.embed" in response.json()["error"]
-    assert named.status_code == 200
 
 
 def test_errors_before_the_route_are_in_tei_shape_too(dialect_server: LiveServer) -> None:
