@@ -52,12 +52,15 @@ def registry_of(request: Request) -> Registry:
     return registry
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
-    """The JSON body validated into `model`; malformed JSON or a wrong shape is a 422, a priority
-    above the default without the right to raise it a 403."""
-    parsed = model.model_validate(await read_object(request))
-    check_priority(request, getattr(parsed, "priority", None))
-    return parsed
+async def parse_body(request: Request, model: type[M], data: dict[str, Any] | None = None) -> M:
+    """The JSON body (or `data`, already read from it) validated into `model`: malformed JSON or a
+    wrong shape is a 422. Every body is validated here, so this is the one place where a priority
+    is checked: one above the default without the right to raise it is a 403, before anything else."""
+    data = await read_object(request) if data is None else data
+    if "priority" in model.model_fields:
+        asked = data.get("priority")
+        check_priority(request, asked if isinstance(asked, int) and not isinstance(asked, bool) else None)
+    return model.model_validate(data)
 
 
 def check_priority(request: Request, asked: int | None) -> None:

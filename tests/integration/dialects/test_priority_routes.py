@@ -1,0 +1,87 @@
+"""Every route whose body takes a `priority` refuses a raised one from a key without the `priority`
+scope (403), TEI's `POST /` and `POST /models/{name}` included. The routes come from the API
+document, so a new route with a priority is checked without being listed here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infinity_server.openapi import OPERATIONS, Operation
+from infinity_server.settings import ApiKeySpec
+from tests.conftest import LiveServer
+
+pytestmark = pytest.mark.integration
+
+FAKE = {"name": "fake", "source": "fake", "kind": "fake"}
+PLAIN = {"Authorization": "Bearer plain"}
+URGENT = {"Authorization": "Bearer urgent"}
+
+
+def _takes_priority(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return "priority" in schema.get("properties", {}) or any(_takes_priority(v) for v in schema.values())
+    return isinstance(schema, list) and any(_takes_priority(v) for v in schema)
+
+
+def _with_priority() -> list[Operation]:
+    return [op for op in OPERATIONS if op.request is not None and _takes_priority(op.request.model_json_schema())]
+
+
+#: What a route's body holds besides `model` and `priority`, where it differs from `input`.
+EXTRA: dict[str, dict[str, Any]] = {
+    "/": {"inputs": "a b"},
+    "/models/fake": {"inputs": "a b"},
+    "/embed": {"inputs": "a b"},
+}
+#: Second bodies on routes that serve two shapes.
+ALSO: list[tuple[str, dict[str, Any]]] = [
+    ("/rerank", {"model": "fake", "query": "q", "texts": ["a"]}),  # TEI's shape of /rerank
+    ("/", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),  # POST / as /similarity
+    ("/models/fake", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    from infinity_server.app import create_app
+    from infinity_server.settings import ServerSettings, Settings
+    from model_registry.config import registry_config
+    from tests.conftest import start_server
+
+    keys = (
+        ApiKeySpec(name="plain", key="plain"),
+        ApiKeySpec(name="urgent", key="urgent", scopes=("inference", "priority")),
+    )
+    settings = Settings(ServerSettings(api_keys=keys), registry_config({"models": [FAKE]}))
+    live = start_server(create_app(settings))
+    yield live
+    live.close()
+
+
+def _cases() -> list[tuple[str, dict[str, Any]]]:
+    cases = []
+    for op in _with_priority():
+        path = op.path.replace("{name}", "fake")
+        cases.append((path, {"model": "fake", **EXTRA.get(path, {})}))
+    return cases + ALSO
+
+
+def test_the_document_lists_every_route_that_takes_a_priority() -> None:
+    paths = {op.path for op in _with_priority()}
+    assert {"/", "/models/{name}", "/embed", "/predict", "/rerank", "/v1/embeddings", "/v2/embed"} <= paths
+    assert "/tokenize" not in paths
+
+
+@pytest.mark.parametrize(("path", "body"), _cases(), ids=[f"{p} {sorted(b)}" for p, b in _cases()])
+def test_a_raised_priority_needs_the_priority_scope(server: LiveServer, path: str, body: dict[str, Any]) -> None:
+    with server.client() as client:
+        refused = client.post(path, json={**body, "priority": 100}, headers=PLAIN)
+        lowered = client.post(path, json={**body, "priority": -5}, headers=PLAIN)
+        granted = client.post(path, json={**body, "priority": 100}, headers=URGENT)
+    assert refused.status_code == 403, refused.text
+    message = refused.json()["error"]
+    assert "priority" in (message if isinstance(message, str) else message["message"])
+    assert lowered.status_code != 403, lowered.text
+    assert granted.status_code != 403, granted.text
