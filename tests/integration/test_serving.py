@@ -30,6 +30,13 @@ def fake_adapter(server: LiveServer, name: str) -> FakeAdapter:
     return adapter
 
 
+def traffic_only(server: LiveServer, name: str) -> FakeAdapter:
+    """The model's adapter with the batches its load timed (for admission) forgotten."""
+    adapter = fake_adapter(server, name)
+    adapter.batches.clear()
+    return adapter
+
+
 def post(server: LiveServer, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
     with server.client(**kwargs) as client:
         return client.post("/v1/embeddings", json=body)
@@ -39,6 +46,7 @@ def test_an_injected_failure_fails_exactly_the_batch_it_shares_with_healthy_requ
     # Two items per batch, every request of the same (default) priority: the poison shares its
     # batch with one healthy request; the request after them runs in the next batch.
     server = serve({"models": [{**fake(fail_on="boom", delay=1.0), "max_batch_tokens": 2}]})
+    traffic_only(server, "fake")
     texts = ["running", "prefetched", "boom", "neighbour", "later"]
     gaps = [0.3, 0.3, 0.05, 0.05, 0.0]  # one batch runs and one waits before the last three queue
     with ThreadPoolExecutor(len(texts)) as pool:
@@ -79,6 +87,7 @@ def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
 
 def test_a_disconnected_client_costs_no_compute(serve: Any) -> None:
     server = serve({"models": [fake(delay=0.6)]})
+    traffic_only(server, "fake")
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(post, server, {"model": "fake", "input": ["first"]})
         time.sleep(0.2)

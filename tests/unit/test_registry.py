@@ -37,6 +37,14 @@ def adapter_of(registry: Registry, name: str) -> FakeAdapter:
     return adapter
 
 
+def traffic_only(registry: Registry, name: str) -> FakeAdapter:
+    """The model's adapter with the batches its load timed (for admission) forgotten: what the
+    test counts from here on are the batches its own requests make."""
+    adapter = adapter_of(registry, name)
+    adapter.batches.clear()
+    return adapter
+
+
 def vectors(results: Any) -> list[np.ndarray]:
     return [r.dense for r in results.items if isinstance(r, Embedding) and r.dense is not None]
 
@@ -69,6 +77,7 @@ async def test_a_failing_batch_fails_exactly_its_requests_of_the_same_priority_a
     # Two items per batch: the poison shares its batch with one healthy request of its class.
     config = {"models": [{**fake(fail_on="boom", delay=0.3), "max_batch_tokens": 2}]}
     async with Registry.from_config(config) as registry:
+        traffic_only(registry, "fake")
         # One batch runs and one waits prefetched, so the next three queue up together.
         running = asyncio.create_task(registry.embed("fake", ["running"]))
         await asyncio.sleep(0.1)
@@ -89,7 +98,7 @@ async def test_a_failing_batch_fails_exactly_its_requests_of_the_same_priority_a
 
 async def test_the_collator_sleeps_through_an_idle_forward_and_prefetches_work_that_arrives() -> None:
     async with Registry.from_config({"models": [fake(delay=0.3)]}) as registry:
-        adapter = adapter_of(registry, "fake")
+        adapter = traffic_only(registry, "fake")
         collating = collating_threads(adapter)
         worker = registry._handles["fake"].worker
         assert worker is not None
@@ -116,7 +125,7 @@ async def test_an_idle_forward_thread_pauses_after_delivering_until_work_arrives
     registry = Registry.from_config({"models": [fake()]})
     await registry.start()
     try:
-        adapter = adapter_of(registry, "fake")
+        adapter = traffic_only(registry, "fake")
         collating = collating_threads(adapter)
         worker = registry._handles["fake"].worker
         assert worker is not None
@@ -140,6 +149,7 @@ async def test_an_idle_forward_thread_pauses_after_delivering_until_work_arrives
 
 async def test_cancelled_requests_never_reach_the_model() -> None:
     async with Registry.from_config({"models": [fake(delay=0.3)]}) as registry:
+        traffic_only(registry, "fake")
         blocker = asyncio.create_task(registry.embed("fake", ["first"]))
         await asyncio.sleep(0.1)
         victim = asyncio.create_task(registry.embed("fake", ["never computed"] * 20))
