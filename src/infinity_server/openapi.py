@@ -37,7 +37,7 @@ from infinity_server.schemas.openai import EmbeddingRequest, InfinityEmbeddingRe
 Scope = Literal["inference", "admin", "metrics"] | None
 
 #: What a model route may answer besides 200 (see errors.py's table and the middleware).
-MODEL_ERRORS = (400, 401, 403, 404, 413, 415, 422, 429, 499, 500, 503, 504)
+MODEL_ERRORS = (400, 401, 403, 404, 408, 413, 415, 422, 429, 499, 500, 503, 504)
 #: A route without a body or a model: a missing or wrong key, or a draining server.
 PLAIN_ERRORS = (401, 403, 503)
 ADMIN_ERRORS = (400, 401, 403, 404, 499, 503, 504)

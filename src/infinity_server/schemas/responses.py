@@ -174,6 +174,12 @@ class Readiness(BaseModel):
     ready: bool
     pinned: dict[str, str] | None = Field(default=None, description="each pinned model's state")
     draining: bool | None = Field(default=None, description="true while the server shuts down")
+    loading_seconds: dict[str, float] | None = Field(
+        default=None, description="pinned models loading now, with how long each load has run"
+    )
+    errors: dict[str, str] | None = Field(
+        default=None, description="why a pinned model failed to load (it is retried on its back-off)"
+    )
 
 
 class DeviceMemory(BaseModel):
