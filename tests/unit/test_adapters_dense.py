@@ -23,7 +23,7 @@ def dense(result: Result) -> np.ndarray:
 
 
 def embed(directory: Path, texts: list[str], **spec: Any) -> np.ndarray:
-    config = {"models": [{"name": "m", "source": str(directory), "pin": True, **spec}]}
+    config = {"models": [{"name": "m", "source": str(directory), "pin": True, "backend": "torch", **spec}]}
     with SyncRegistry.from_config(config) as registry:
         results = registry.embed("m", texts)
     return np.stack([dense(r) for r in results.items])
@@ -70,7 +70,7 @@ def test_prompts_match_sentence_transformers(tmp_path: Path) -> None:
     prompts = {"query": "query: ", "document": "passage: "}
     directory = tiny_bert(tmp_path / "bert", prompts=prompts)
     model = SentenceTransformer(str(directory), device="cpu")
-    config = {"models": [{"name": "m", "source": str(directory), "pin": True}]}
+    config = {"models": [{"name": "m", "source": str(directory), "pin": True, "backend": "torch"}]}
     with SyncRegistry.from_config(config) as registry:
         ours = registry.embed("m", TEXTS[:4], prompt_name="query")
     theirs = model.encode(TEXTS[:4], prompt_name="query")
@@ -80,7 +80,7 @@ def test_prompts_match_sentence_transformers(tmp_path: Path) -> None:
 def test_prompt_excluded_from_pooling_matches_sentence_transformers(tmp_path: Path) -> None:
     directory = tiny_bert(tmp_path / "bert", prompts={"query": "query: "}, include_prompt=False)
     model = SentenceTransformer(str(directory), device="cpu")
-    config = {"models": [{"name": "m", "source": str(directory), "pin": True}]}
+    config = {"models": [{"name": "m", "source": str(directory), "pin": True, "backend": "torch"}]}
     with SyncRegistry.from_config(config) as registry:
         ours = registry.embed("m", TEXTS[:4], prompt_name="query")
     theirs = model.encode(TEXTS[:4], prompt_name="query")

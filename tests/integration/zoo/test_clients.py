@@ -31,7 +31,7 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture
 def server(serve: Any, zoo: dict[str, Path]) -> Any:
-    return serve({"models": [{"name": name, "source": str(path)} for name, path in zoo.items()]})
+    return serve({"models": [{"name": name, "source": str(path), "backend": "torch"} for name, path in zoo.items()]})
 
 
 def test_classifier_equals_softmax_of_transformers_logits(server: Any, zoo: dict[str, Path]) -> None:
@@ -129,9 +129,9 @@ def test_a_broken_model_does_not_take_down_the_others(serve: Any, zoo: dict[str,
     server = serve(
         {
             "models": [
-                {"name": "clf-as-reranker", "source": str(zoo["clf"]), "kind": "reranker"},
-                {"name": "broken", "source": str(broken)},
-                {"name": "ce", "source": str(zoo["ce"])},
+                {"name": "clf-as-reranker", "source": str(zoo["clf"]), "kind": "reranker", "backend": "torch"},
+                {"name": "broken", "source": str(broken), "backend": "torch"},
+                {"name": "ce", "source": str(zoo["ce"]), "backend": "torch"},
             ]
         }
     )

@@ -45,7 +45,7 @@ def test_cross_encoder_matches_sentence_transformers(serve: Any, reranker_dir: P
     query, documents = rows[0][0], [r[1] for r in rows]
     expected = predict(reranker_dir, query, documents)
     raw_expected = predict(reranker_dir, query, documents, activation_fn=__import__("torch").nn.Identity())
-    server = serve({"models": [{"name": "ce", "source": str(reranker_dir)}]})
+    server = serve({"models": [{"name": "ce", "source": str(reranker_dir), "backend": "torch"}]})
     with server.client() as client:
         body = rerank(client, "ce", query, documents, return_documents=True).json()
         raw = rerank(client, "ce", query, documents, raw_scores=True).json()
@@ -70,7 +70,7 @@ def test_other_encoder_cross_encoders_match(serve: Any, tmp_path: Path, builder:
     query = "Which animal sleeps on the windowsill?"
     documents = ["The cat sleeps on the warm windowsill.", "Stocks fell.", "A plane is taking off from the airport."]
     expected = predict(directory, query, documents)
-    server = serve({"models": [{"name": "ce", "source": str(directory)}]})
+    server = serve({"models": [{"name": "ce", "source": str(directory), "backend": "torch"}]})
     with server.client() as client:
         body = rerank(client, "ce", query, documents).json()
         single = [rerank(client, "ce", query, [d]).json()["results"][0]["relevance_score"] for d in documents]
@@ -85,7 +85,7 @@ def test_llm_reranker_without_a_configured_pad_token(serve: Any, tmp_path: Path)
     query = "Which animal sleeps on the windowsill?"
     documents = ["The cat sleeps on the warm windowsill.", "Stocks fell.", "A plane is taking off from the airport."]
     expected = [float(predict(directory, query, [d])[0]) for d in documents]  # one pair at a time
-    server = serve({"models": [{"name": "qwen", "source": str(directory)}]})
+    server = serve({"models": [{"name": "qwen", "source": str(directory), "backend": "torch"}]})
     with server.client() as client:
         body = rerank(client, "qwen", query, documents).json()
     got = {r["index"]: r["relevance_score"] for r in body["results"]}
@@ -96,7 +96,7 @@ def test_llm_reranker_matches_sentence_transformers(serve: Any, llm_reranker_dir
     query = "Which animal sleeps on the windowsill?"
     documents = ["The cat sleeps on the warm windowsill.", "Stocks fell.", "A plane is taking off from the airport."]
     expected = predict(llm_reranker_dir, query, documents)
-    server = serve({"models": [{"name": "qwen", "source": str(llm_reranker_dir)}]})
+    server = serve({"models": [{"name": "qwen", "source": str(llm_reranker_dir), "backend": "torch"}]})
     with server.client() as client:
         body = rerank(client, "qwen", query, documents).json()
         single = [rerank(client, "qwen", query, [d]).json()["results"][0]["relevance_score"] for d in documents]
@@ -108,7 +108,7 @@ def test_llm_reranker_matches_sentence_transformers(serve: Any, llm_reranker_dir
 def test_top_n_many_documents_and_long_pairs(serve: Any, reranker_dir: Path) -> None:
     documents = [f"document number {i} about a cat" for i in range(2048)]
     long_doc = "the cat sleeps on the warm windowsill " * 60
-    server = serve({"models": [{"name": "ce", "source": str(reranker_dir)}]})
+    server = serve({"models": [{"name": "ce", "source": str(reranker_dir), "backend": "torch"}]})
     with server.client() as client:
         everything = rerank(client, "ce", "a cat", documents).json()["results"]
         top = rerank(client, "ce", "a cat", documents, top_n=5).json()["results"]
@@ -152,7 +152,7 @@ def test_query_is_kept_whole_when_the_document_is_cut(reranker_dir: Path) -> Non
     ],
 )
 def test_bad_rerank_requests_are_clear_4xx(serve: Any, reranker_dir: Path, body: dict[str, Any], param: str) -> None:
-    server = serve({"models": [{"name": "ce", "source": str(reranker_dir)}]})
+    server = serve({"models": [{"name": "ce", "source": str(reranker_dir), "backend": "torch"}]})
     with server.client() as client:
         response = client.post("/rerank", json={"model": "ce", **body})
         still = rerank(client, "ce", "q", ["a"])
@@ -162,7 +162,7 @@ def test_bad_rerank_requests_are_clear_4xx(serve: Any, reranker_dir: Path, body:
 
 
 def test_reranker_has_no_embeddings(serve: Any, reranker_dir: Path) -> None:
-    server = serve({"models": [{"name": "ce", "source": str(reranker_dir)}]})
+    server = serve({"models": [{"name": "ce", "source": str(reranker_dir), "backend": "torch"}]})
     with server.client() as client:
         response = client.post("/v1/embeddings", json={"model": "ce", "input": ["a"]})
     assert response.status_code == 400

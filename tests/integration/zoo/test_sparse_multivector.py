@@ -50,7 +50,7 @@ def splade_reference(directory: Path, text: str) -> dict[int, float]:
 @pytest.mark.parametrize("layout", [False, True])
 def test_splade_matches_the_formula(serve: Any, tmp_path: Path, layout: bool) -> None:
     directory = tiny_masked_lm(tmp_path / "splade", sparse_layout=layout)
-    entry: dict[str, Any] = {"name": "splade", "source": str(directory)}
+    entry: dict[str, Any] = {"name": "splade", "source": str(directory), "backend": "torch"}
     if not layout:
         entry["kind"] = "sparse"
     server = serve({"models": [entry]})
@@ -76,9 +76,15 @@ def test_splade_pruning(serve: Any, tmp_path: Path) -> None:
     directory = tiny_masked_lm(tmp_path / "splade")
     config = {
         "models": [
-            {"name": "full", "source": str(directory), "kind": "sparse"},
-            {"name": "top", "source": str(directory), "kind": "sparse", "options": {"top_k": 5}},
-            {"name": "cut", "source": str(directory), "kind": "sparse", "options": {"threshold": 0.5}},
+            {"name": "full", "source": str(directory), "backend": "torch", "kind": "sparse"},
+            {"name": "top", "source": str(directory), "backend": "torch", "kind": "sparse", "options": {"top_k": 5}},
+            {
+                "name": "cut",
+                "source": str(directory),
+                "backend": "torch",
+                "kind": "sparse",
+                "options": {"threshold": 0.5},
+            },
         ]
     }
     server = serve(config)
@@ -92,7 +98,9 @@ def test_splade_pruning(serve: Any, tmp_path: Path) -> None:
 
 
 def test_real_splade_model_gives_sensible_top_terms(serve: Any) -> None:
-    server = serve({"models": [{"name": "splade", "source": "package:cognition", "kind": "sparse"}]})
+    server = serve(
+        {"models": [{"name": "splade", "source": "package:cognition", "backend": "torch", "kind": "sparse"}]}
+    )
     text = "The quick brown fox jumps over the lazy dog near the river bank."
     with server.client() as client:
         sparse = encode(client, "splade", [text], outputs=["sparse"], return_tokens=True)[0]["sparse"]
@@ -141,7 +149,7 @@ def test_colbert_matches_colbert_ai_method(serve: Any, tmp_path: Path) -> None:
     directory = tiny_colbert(tmp_path / "colbert")
     long_doc = " ".join(TEXTS * 3)
     docs = [*TEXTS, long_doc]
-    server = serve({"models": [{"name": "colbert", "source": str(directory)}]})
+    server = serve({"models": [{"name": "colbert", "source": str(directory), "backend": "torch"}]})
     with server.client() as client:
         queries = encode(client, "colbert", TEXTS, outputs=["multivector"], prompt_name="query")
         documents = encode(client, "colbert", docs, outputs=["multivector"])
@@ -197,7 +205,7 @@ def m3_reference(directory: Path, text: str) -> tuple[np.ndarray, dict[int, floa
 
 def test_bge_m3_three_outputs_in_one_call(serve: Any, tmp_path: Path) -> None:
     directory = tiny_bge_m3(tmp_path / "m3")
-    server = serve({"models": [{"name": "m3", "source": str(directory)}]})
+    server = serve({"models": [{"name": "m3", "source": str(directory), "backend": "torch"}]})
     every = ["dense", "sparse", "multivector"]
     with server.client() as client:
         together = encode(client, "m3", TEXTS, outputs=every)
@@ -238,7 +246,7 @@ def test_embedding_types_over_http(serve: Any, tmp_path: Path) -> None:
     from infinity_server.encoding import encode_vectors
 
     directory = tiny_bge_m3(tmp_path / "m3")
-    server = serve({"models": [{"name": "m3", "source": str(directory)}]})
+    server = serve({"models": [{"name": "m3", "source": str(directory), "backend": "torch"}]})
     with server.client() as client:
         floats = encode(client, "m3", TEXTS, outputs=["dense", "multivector"])
         for dtype in ("int8", "uint8", "binary", "ubinary"):
@@ -267,7 +275,7 @@ def test_pylate_checkpoint_matches_sentence_transformers(serve: Any, tmp_path: P
     docs = [*TEXTS, " ".join(TEXTS * 3)]
     expected_queries = [q.numpy() for q in reference.encode_query(TEXTS, convert_to_numpy=False)]
     expected_docs = [d.numpy() for d in reference.encode_document(docs, convert_to_numpy=False)]
-    server = serve({"models": [{"name": "pylate", "source": str(directory)}]})
+    server = serve({"models": [{"name": "pylate", "source": str(directory), "backend": "torch"}]})
     with server.client() as client:
         queries = encode(client, "pylate", TEXTS, outputs=["multivector"], prompt_name="query")
         documents = encode(client, "pylate", docs, outputs=["multivector"])
@@ -281,7 +289,7 @@ def test_pylate_checkpoint_matches_sentence_transformers(serve: Any, tmp_path: P
 
 def test_rerank_with_splade_uses_the_sparse_dot_product(serve: Any, tmp_path: Path) -> None:
     directory = tiny_masked_lm(tmp_path / "splade")
-    server = serve({"models": [{"name": "splade", "source": str(directory), "kind": "sparse"}]})
+    server = serve({"models": [{"name": "splade", "source": str(directory), "backend": "torch", "kind": "sparse"}]})
     with server.client() as client:
         ranked = client.post("/rerank", json={"model": "splade", "query": TEXTS[0], "documents": TEXTS}).json()
         vectors = [as_dict(e["sparse"]) for e in encode(client, "splade", TEXTS, outputs=["sparse"])]
