@@ -7,6 +7,7 @@ detection and loading code and tests compare against a reference on the same wei
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 from typing import Any
 
@@ -171,23 +172,17 @@ def tiny_colbert(root: Path, *, dim: int = 16, query_maxlen: int = 12, doc_maxle
     return root
 
 
-def tiny_pylate(root: Path, *, dim: int = 16, query_length: int = 12, document_length: int = 24, seed: int = 0) -> Path:
-    """A PyLate checkpoint: sentence-transformers layout, Transformer + bias-free Dense, ColBERT settings."""
+def pylate_files(root: Path, *, hidden: int, dim: int, settings: dict[str, Any]) -> None:
+    """PyLate's files around a saved encoder: a bias-free `1_Dense`, modules.json and its settings."""
     from safetensors.torch import save_file
-    from transformers import BertConfig, BertModel
 
-    torch.manual_seed(seed)
-    tokenizer = colbert_tokenizer()
-    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL)
-    BertModel(config, add_pooling_layer=False).eval().save_pretrained(root)
-    tokenizer.save_pretrained(root)
-    linear = torch.nn.Linear(32, dim, bias=False)
+    linear = torch.nn.Linear(hidden, dim, bias=False)
     (root / "1_Dense").mkdir()
     save_file({"linear.weight": linear.weight.detach().contiguous()}, str(root / "1_Dense" / "model.safetensors"))
     write_json(
         root / "1_Dense" / "config.json",
         {
-            "in_features": 32,
+            "in_features": hidden,
             "out_features": dim,
             "bias": False,
             "activation_function": "torch.nn.modules.linear.Identity",
@@ -200,23 +195,119 @@ def tiny_pylate(root: Path, *, dim: int = 16, query_length: int = 12, document_l
             {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
         ],
     )
-    write_json(root / "sentence_bert_config.json", {"max_seq_length": document_length - 1, "do_lower_case": False})
-    write_json(
-        root / "config_sentence_transformers.json",
-        {
-            "model_type": "ColBERT",
-            "query_prefix": "[Q] ",
-            "document_prefix": "[D] ",
-            "query_length": query_length,
-            "document_length": document_length,
-            "do_query_expansion": True,
-            "attend_to_expansion_tokens": False,
-            "skiplist_words": list("!,.?"),
-            "prompts": {},
-            "default_prompt_name": None,
-            "similarity_fn_name": "MaxSim",
-        },
+    length = int(settings.get("document_length", 180))
+    write_json(root / "sentence_bert_config.json", {"max_seq_length": length - 1, "do_lower_case": False})
+    extra = {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "MaxSim", **settings}
+    write_json(root / "config_sentence_transformers.json", extra)
+
+
+def tiny_pylate(
+    root: Path,
+    *,
+    dim: int = 16,
+    query_length: int = 12,
+    document_length: int = 24,
+    prefixes: tuple[str, str] = ("[Q] ", "[D] "),
+    seed: int = 0,
+) -> Path:
+    """A PyLate checkpoint on BERT: Transformer + bias-free Dense and ColBERT settings. With prefixes
+    `[unused0]`/`[unused1]`, a colbert-ai model (answerai-colbert-small) as PyLate saves it."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    tokenizer = colbert_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL)
+    BertModel(config, add_pooling_layer=False).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    settings = {
+        "model_type": "ColBERT",
+        "query_prefix": prefixes[0],
+        "document_prefix": prefixes[1],
+        "query_length": query_length,
+        "document_length": document_length,
+        "do_query_expansion": True,
+        "attend_to_expansion_tokens": False,
+        "skiplist_words": list("!,.?"),
+    }
+    pylate_files(root, hidden=32, dim=dim, settings=settings)
+    return root
+
+
+def modernbert_tokenizer(max_length: int = 128) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with ModernBERT's [CLS]/[SEP]/[MASK] specials and no segment ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from tests.builders.text import CORPUS
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(
+        CORPUS * 5, trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=alphabet)
     )
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+        model_max_length=max_length,
+    )
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    return tokenizer
+
+
+def tiny_modern_colbert(
+    root: Path,
+    *,
+    dim: int = 16,
+    query_length: int = 12,
+    document_length: int = 24,
+    expansion: bool = True,
+    attend: bool = False,
+    seed: int = 0,
+) -> Path:
+    """GTE-ModernColBERT's layout: ModernBERT, "[Q] "/"[D] " (with the space) as added tokens, PyLate's Dense."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    torch.manual_seed(seed)
+    tokenizer = modernbert_tokenizer()
+    tokenizer.add_tokens(["[Q] ", "[D] "])  # as PyLate adds its prefixes before training
+    config = ModernBertConfig(
+        vocab_size=len(tokenizer) + 6,  # ModernBERT's embedding table is wider than its vocabulary
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+        local_attention=8,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+    )
+    ModernBertModel(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    settings = {
+        "model_type": "ColBERT",
+        "query_prefix": "[Q] ",
+        "document_prefix": "[D] ",
+        "query_length": query_length,
+        "document_length": document_length,
+        "attend_to_expansion_tokens": attend,
+        "skiplist_words": list(string.punctuation),
+        "do_query_expansion": expansion,
+    }
+    pylate_files(root, hidden=32, dim=dim, settings=settings)
     return root
 
 

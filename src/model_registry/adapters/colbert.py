@@ -1,17 +1,23 @@
 """ColBERT multi-vector embeddings on torch, for colbert-ai and PyLate checkpoints.
 
-The method (Khattab and Zaharia, 2020, as colbert-ai implements it):
-- a query is `[CLS] [Q] tokens [SEP]`, extended to `query_maxlen` with [MASK] tokens that the
-  attention does not see (unless `attend_to_mask_tokens`); every position yields a vector;
-- a document is `[CLS] [D] tokens [SEP]` cut to `doc_maxlen`; padding and, with
-  `mask_punctuation`, punctuation tokens yield no vector;
-- each token state goes through a bias-free linear projection and is L2-normalised;
+The method (Khattab and Zaharia, 2020), as PyLate computes it:
+- a text is tokenized with the tokenizer's own special tokens and cut to its length less one,
+  then the prefix token goes after the first token: `[CLS] [Q] tokens [SEP]` for a query,
+  `[CLS] [D] tokens [SEP]` for a document (an empty prefix inserts nothing and cuts to the length);
+- with query expansion, a query is padded to `query_length` with [MASK] (else EOS, else the pad
+  token); the attention sees the expansion tokens only with `attend_to_expansion_tokens`, but each
+  of them yields a vector; without expansion a query keeps its real tokens only;
+- a document's skiplist tokens (punctuation by default) yield no vector; they are still encoded;
+- each token state goes through the bias-free projection (PyLate's Dense, or colbert-ai's
+  `linear.weight`) and is L2-normalised;
 - relevance is MaxSim: per query vector, the best dot product with a document vector, summed.
 
 colbert-ai keeps its settings in `artifact.metadata` and the projection as `linear.weight` beside
 the `bert.` encoder weights; PyLate uses the sentence-transformers layout with a Dense module and
-keeps prefixes and lengths in `config_sentence_transformers.json`. A request asks for query
-encoding with `prompt_name: query`.
+keeps prefixes, lengths, expansion and skiplist in `config_sentence_transformers.json`. PyLate adds
+its prefixes to the tokenizer ("[Q] " with its space, GTE-ModernColBERT); a tokenizer that lacks the
+prefix but has it without the space ("[Q]") uses that token. A request asks for query encoding
+with `prompt_name: query`.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class ColbertSettings:
     dim: int | None
     query_maxlen: int
     doc_maxlen: int
-    query_marker: str
+    query_marker: str  # "" inserts no prefix token
     doc_marker: str
     query_expansion: bool
     attend_to_mask_tokens: bool
@@ -66,14 +72,17 @@ def colbert_settings(root: Path) -> ColbertSettings:
         )
     extra = read_json(root / "config_sentence_transformers.json")
     skiplist = extra.get("skiplist_words")
+    expansion = extra.get("do_query_expansion", True) is not False
+    query_prefix, document_prefix = extra.get("query_prefix"), extra.get("document_prefix")
     return ColbertSettings(
         dim=None,
         query_maxlen=int(extra.get("query_length") or 32),
         doc_maxlen=int(extra.get("document_length") or 180),
-        query_marker=str(extra.get("query_prefix", "[Q] ")).strip(),
-        doc_marker=str(extra.get("document_prefix", "[D] ")).strip(),
-        query_expansion=extra.get("do_query_expansion", True) is not False,
-        attend_to_mask_tokens=bool(extra.get("attend_to_expansion_tokens", False)),
+        query_marker="[Q] " if query_prefix is None else str(query_prefix),
+        doc_marker="[D] " if document_prefix is None else str(document_prefix),
+        query_expansion=expansion,
+        # PyLate attends to expansion tokens only when there are some.
+        attend_to_mask_tokens=expansion and bool(extra.get("attend_to_expansion_tokens", False)),
         skiplist=tuple(str(w) for w in skiplist) if isinstance(skiplist, list) else tuple(string.punctuation),
     )
 
@@ -133,6 +142,9 @@ class ColbertAdapter(TextEncoder):
         self.prompts = {"query": "", "document": ""}
         self.projection: torch.nn.Module | None = None
         self.skip_ids: frozenset[int] = frozenset()
+        self.markers: tuple[int | None, int | None] = (None, None)
+        self.expansion_id = 0
+        self.trailing = 1
 
     def load(self, options: LoadOptions) -> None:
         self.load_model(options)
@@ -148,21 +160,54 @@ class ColbertAdapter(TextEncoder):
             linear.load_state_dict({"weight": weight})
             self.projection = linear.to(device=self.head_device, dtype=self.head_dtype).eval()
             self.dimensions = int(weight.shape[0])
-        self.markers = (self._token_id(self.settings.query_marker), self._token_id(self.settings.doc_marker))
-        assert self.tokenizer is not None
-        skiplist = self.tokenizer.ids(list(self.settings.skiplist), special=False, cut=None)
-        self.skip_ids = frozenset(ids[0] for ids in skiplist if ids)
+        self.markers = (self._marker(self.settings.query_marker), self._marker(self.settings.doc_marker))
+        self.expansion_id = self._expansion_id()
+        self.trailing = self._trailing_specials()
+        self.skip_ids = frozenset(self._skip_ids(self.settings.skiplist))
 
     @property
     def hf(self) -> Any:
         assert self.tokenizer is not None, "This is a bug: the tokenizer is used before load()"
         return self.tokenizer.tokenizer
 
-    def _token_id(self, token: str) -> int:
+    def _known(self, token: str) -> int | None:
         found = self.hf.convert_tokens_to_ids(token)
-        if found is None or found == self.hf.unk_token_id:
-            raise ModelUnavailable(f"the ColBERT marker token '{token}' is not in the tokenizer's vocabulary")
-        return int(found)
+        return None if found is None or (found == self.hf.unk_token_id and token != self.hf.unk_token) else int(found)
+
+    def _marker(self, prefix: str) -> int | None:
+        """The prefix's token: as written ("[Q] ", an added token), else without its spaces ("[Q]")."""
+        if prefix == "":
+            return None
+        found = self._known(prefix)
+        found = found if found is not None else self._known(prefix.strip())
+        if found is None:
+            raise ModelUnavailable(
+                f"the ColBERT prefix {prefix!r} is not a token of this tokenizer (nor {prefix.strip()!r}): "
+                "PyLate adds its prefixes to the tokenizer when it trains a model, and this checkpoint's "
+                "tokenizer lacks them"
+            )
+        return found
+
+    def _expansion_id(self) -> int:
+        """PyLate pads queries with [MASK], or EOS where a model has no mask token, else its pad token."""
+        for candidate in (self.hf.mask_token_id, self.hf.eos_token_id, self.hf.pad_token_id):
+            if candidate is not None:
+                return int(candidate)
+        raise ModelUnavailable("this ColBERT model's tokenizer has no [MASK], EOS or pad token to expand queries with")
+
+    def _trailing_specials(self) -> int:
+        """Special tokens the tokenizer puts after a text ([SEP]: 1), kept when a text is cut."""
+        assert self.tokenizer is not None
+        plain = self.tokenizer.ids(["a b c"], special=False, cut=None)[0]
+        full = self.tokenizer.ids(["a b c"], cut=None)[0]
+        leading = next((k for k in range(len(full)) if full[k : k + len(plain)] == plain), 0)
+        return len(full) - leading - len(plain)
+
+    def _skip_ids(self, words: Sequence[str]) -> list[int]:
+        """Skiplist words as PyLate resolves them, each as one token: a word the vocabulary lacks is the
+        unknown token, so that a document's unknown tokens yield no vector either."""
+        ids = [self.hf.convert_tokens_to_ids(word) for word in words]
+        return [int(i) for i in ids if i is not None]
 
     def unload(self) -> None:
         self.projection = None
@@ -174,26 +219,34 @@ class ColbertAdapter(TextEncoder):
             if not isinstance(item.content, Text):
                 raise InvalidInput(f"input {i}: this model embeds text only", param="input")
         texts = [item.prompt + item.content.text for item in embed_items if isinstance(item.content, Text)]
+        if self.layout.do_lower_case:
+            texts = [text.lower() for text in texts]
         assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
-        encoded = self.tokenizer.ids(texts, special=False, cut=None)
+        encoded = self.tokenizer.ids(texts, cut=None)
         prepared = []
         for i, (item, ids) in enumerate(zip(embed_items, encoded, strict=True)):
             tokens = self._query(ids) if item.is_query else self._document(ids)
             prepared.append(Prepared(i, len(tokens.ids), tokens.attended, tokens, "query" if item.is_query else ""))
         return prepared
 
+    def _framed(self, ids: list[int], length: int, marker: int | None) -> list[int]:
+        """`ids` (special tokens included) cut to `length` with the marker after the first token."""
+        room = length - (marker is not None)
+        if len(ids) > room:
+            ids = ids[: room - self.trailing] + ids[len(ids) - self.trailing :]
+        return ids if marker is None else [*ids[:1], marker, *ids[1:]]
+
     def _query(self, ids: list[int]) -> ColbertTokens:
         s = self.settings
-        real = [self.hf.cls_token_id, self.markers[0], *ids[: s.query_maxlen - 3], self.hf.sep_token_id]
+        real = self._framed(ids, s.query_maxlen, self.markers[0])
         if not s.query_expansion:
             return ColbertTokens(tuple(real), len(real), (True,) * len(real))
-        padded = real + [self.hf.mask_token_id] * (s.query_maxlen - len(real))
+        padded = real + [self.expansion_id] * (s.query_maxlen - len(real))
         attended = len(padded) if s.attend_to_mask_tokens else len(real)
         return ColbertTokens(tuple(padded), attended, (True,) * len(padded))
 
     def _document(self, ids: list[int]) -> ColbertTokens:
-        s = self.settings
-        full = [self.hf.cls_token_id, self.markers[1], *ids[: s.doc_maxlen - 3], self.hf.sep_token_id]
+        full = self._framed(ids, self.settings.doc_maxlen, self.markers[1])
         return ColbertTokens(tuple(full), len(full), tuple(t not in self.skip_ids for t in full))
 
     def collate(self, items: Sequence[Prepared]) -> ColbertBatch:
