@@ -19,14 +19,14 @@ this process and served by `infinity-server serve` (one model, a subprocess) at 
      thread that runs `forward` set up as the server does both: the ceiling the server can reach;
      the ratio server / in-process is the server's overhead;
 2. idle latency: single sentences one at a time over HTTP with a bare keep-alive client
-   (`serving.KeepAlive`: from the request's first byte to the response's last, parsed after), each
-   followed by `IDLE_GAP`, a `/health` round trip (the HTTP floor) and `IDLE_GAP` again, in blocks
-   alternating with the engine's own single-sentence prepare + forward + postprocess in-process at
-   the same pace: p50s, and the server's stage times from its timing headers. An idle engine's
-   thread pool sleeps between requests and wakes on the next one, so the idle forward is the
-   reference for the server's idle latency. Then the standard library's `http.client` (the
-   probe's client before the twelfth run) and httpx's async client alone, and the engine
-   in-process back to back (hot).
+   (`lib.serving.KeepAlive`: from the request's first byte to the response's last, parsed
+   after), each followed by `IDLE_GAP`, a `/health` round trip (the HTTP floor) and `IDLE_GAP`
+   again, in blocks alternating with the engine's own single-sentence prepare + forward +
+   postprocess in-process at the same pace: p50s, and the server's stage times from its timing
+   headers. An idle engine's thread pool sleeps between requests and wakes on the next one, so
+   the idle forward is the reference for the server's idle latency. Then the standard library's
+   `http.client` (which adds its own response parsing to the figure) and httpx's async client
+   alone, and the engine in-process back to back (hot).
 sentence-transformers `encode(batch_size=32)` on the same inputs is the naive baseline. Converted
 models are cached (the user's engine cache), so only the first run exports. The CPU's model and
 vector extensions, the load average and the hypervisor's steal time are printed with the figures:
@@ -52,8 +52,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_embeddings import bulk, long_documents, send, sentences
-from serving import KeepAlive, free_port, start_server
+from bench_embeddings import bulk, send
+from lib.datasets import long_documents, sts_rows, sts_sentences
+from lib.machine import cpu, gpu, steal
+from lib.serving import KeepAlive, free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -124,8 +126,8 @@ class Served:
         return statistics.median(asyncio.run(run())[3:]) * 1e3
 
     def idle(self, text: str, connection: KeepAlive) -> tuple[float, dict[str, float]]:
-        """One sentence over a bare keep-alive connection (`serving.KeepAlive`: the clock runs from
-        the request's first byte to the response's last, so the figure is the server's): seconds,
+        """One sentence over a bare keep-alive connection (`lib.serving.KeepAlive`: the clock runs
+        from the request's first byte to the response's last, so the figure is the server's): seconds,
         and the server's stage times from its timing headers (ms)."""
         body = json.dumps({"model": MODEL, "input": [text]}).encode()
         reply = connection.request("POST", "/v1/embeddings", body)
@@ -144,8 +146,8 @@ class Served:
 
     def idle_stdlib(self, probes: list[str]) -> float:
         """p50 ms of single sentences one at a time (`IDLE_GAP` apart) with the standard library's
-        keep-alive `http.client`, the client of the runs before the twelfth; the difference from
-        the bare client's figure is `http.client`'s own parsing."""
+        keep-alive `http.client`, for comparison: the difference from the bare client's figure is
+        `http.client`'s own parsing."""
         import http.client
 
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
@@ -190,7 +192,7 @@ class InProcess:
     def __exit__(self, *exc: object) -> None:
         from model_registry.backends import torch as torch_backend
 
-        torch_backend.confine(self._threads)  # the next engine's runs on this thread start as before
+        torch_backend.confine(self._threads)  # the next engine's runs start with torch's own threads
         self.adapter.unload()
 
     def throughput(self, requests: list[list[str]]) -> float:
@@ -287,15 +289,6 @@ def idle(server: Served, local: InProcess, probes: list[str], rounds: int = 5) -
     return figures | {f"server_{stage}_p50_ms": statistics.median(values) for stage, values in stages.items()}
 
 
-def steal() -> tuple[int, int]:
-    """(steal, total) CPU ticks since boot (`/proc/stat`): time the hypervisor gave to others."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except OSError:
-        return 0, 0
-    return (fields[7] if len(fields) > 7 else 0), sum(fields)
-
-
 def measure(
     engine: dict[str, Any],
     work: dict[str, list[list[str]]],
@@ -360,16 +353,6 @@ def quality(engine: dict[str, Any], reference: Any, device: str) -> dict[str, fl
     }
 
 
-def sts_rows() -> list[tuple[str, str, float]]:
-    import gzip
-
-    path = REPO.parent / "shared" / "data" / "stsbenchmark.tsv.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        header = handle.readline().rstrip("\n").split("\t")
-        rows = [dict(zip(header, line.rstrip("\n").split("\t"), strict=False)) for line in handle]
-    return [(r["sentence1"], r["sentence2"], float(r["score"])) for r in rows if r.get("split") == "test"]
-
-
 def sentence_transformers(work: dict[str, list[list[str]]], device: str) -> dict[str, float]:
     from sentence_transformers import SentenceTransformer
 
@@ -416,7 +399,7 @@ def main() -> None:
         args.engines.split(",") if args.engines else [e for e in ENGINES if args.device == "cpu" or e not in CPU_ONLY]
     )
     rng = random.Random(0)
-    short = sentences()
+    short = sts_sentences()
     docs = long_documents(short, 1024, rng)
     count = 4 * args.requests_per_client
     work = {
@@ -449,25 +432,6 @@ def main() -> None:
     print(report(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-
-
-def cpu() -> str:
-    """The CPU's model name and the vector extensions int8 speed depends on."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
-    return f"{model} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"
-
-
-def gpu() -> str:
-    """The GPU's name and the CUDA version torch was built with."""
-    import torch
-
-    return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}, torch {torch.__version__})"
 
 
 def paired_ratio(runs: dict[str, list[float]], work: str) -> float:
@@ -514,11 +478,11 @@ def report(results: dict[str, Any]) -> str:
         "|" + "---|" * 12,
     ]
     for name, value in engines.items():
-        if "health_p50_ms" not in value:  # a run from before the idle probes took turns
+        if "health_p50_ms" not in value:  # a saved run without the /health floor has no idle table
             continue
         served, local = value["idle_p50_ms"], value["single_idle_p50_ms"]
         stages = " | ".join(f"{value[f'server_{stage}_p50_ms']:.2f}" for stage in STAGES)
-        stdlib = value.get("idle_stdlib_p50_ms")  # runs before the twelfth probed with http.client itself
+        stdlib = value.get("idle_stdlib_p50_ms")  # absent from saved runs that probed with http.client alone
         lines.append(
             f"| {name} | {served:.2f} | {local:.2f} | {served - local:+.2f} | {value['single_hot_p50_ms']:.2f} "
             f"| {'' if stdlib is None else f'{stdlib:.2f}'} | {value['idle_httpx_p50_ms']:.2f} "

@@ -15,17 +15,18 @@ batches run, items per batch, the mean batch fill (cost over the token budget), 
 thread's busy share of the wall time (the sum of `infinity_batch_seconds` over the run's length),
 the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request stage sums.
 
-`--stand-in S` runs the ONNX Runtime engine as a stand-in for a fast device (`standin.py`): S
+`--stand-in S` runs the ONNX Runtime engine as a stand-in for a fast device (`lib/standin.py`): S
 seconds per padded token with the interpreter lock released, in the server and in-process alike,
 with the GPU's token budget per batch; with `--stand-in-ops N` each batch first launches N
 operations one at a time, each releasing the lock and taking it back, as eager torch does on a GPU,
 and with `--stand-in-width 384` it hands back hidden states of MiniLM's width, which the server
 pools on the host (8 by default: pooling next to free).
-`--freeze off` runs the server with `gc.freeze` disabled (as before `model_registry.heap`), `both`
-alternates the two `--rounds` times. `--gc-thresholds` runs the server with each of the given
-collector thresholds in turn (`gc.set_threshold`'s arguments, settings separated by "/"; the
-default is CPython's own), and `--switch-interval` with each of the given interpreter switch
-intervals in seconds (`sys.setswitchinterval`; the default is the server's own).
+`--freeze off` runs the server with `gc.freeze` disabled, to measure what `model_registry.heap`'s
+freeze of loaded models buys; `both` alternates the two `--rounds` times. `--gc-thresholds` runs
+the server with each of the given collector thresholds in turn (`gc.set_threshold`'s arguments,
+settings separated by "/"; the default is CPython's own), and `--switch-interval` with each of the
+given interpreter switch intervals in seconds (`sys.setswitchinterval`; the default is the
+server's own).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ import httpx
 
 import bench_backends
 from bench_backends import ENGINES, InProcess, Served
-from bench_embeddings import bulk, sentences
+from bench_embeddings import bulk
+from lib.datasets import sts_sentences
 
 HERE = Path(__file__).resolve().parent
 
@@ -122,14 +124,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each server (alternating with --freeze both)")
     args = parser.parse_args()
     rng = random.Random(0)
-    short = sentences()
+    short = sts_sentences()
     requests = [rng.sample(short, args.inputs) for _ in range(args.requests)]
-    # The server imports the hooks (hooks/sitecustomize.py, which imports standin.py) at start.
+    # The server imports the hooks (hooks/sitecustomize.py, which imports lib/standin.py) at start.
     paths = [str(HERE / "hooks"), str(HERE), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     engines = args.engines.split(",")
     if args.stand_in is not None:
-        import standin
+        from lib import standin
 
         standin.stand_in(args.stand_in, args.stand_in_ops, args.stand_in_width)
         os.environ["BENCH_STAND_IN"] = repr(args.stand_in)

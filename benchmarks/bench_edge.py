@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import logging
 import os
-import platform
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from starlette.applications import Starlette
 from infinity_server.app import ROUTES, create_app
 from infinity_server.metrics import Metrics
 from infinity_server.settings import ServerSettings, Settings
+from lib.machine import cpu
 from model_registry import Registry
 from model_registry.config import registry_config
 
@@ -70,7 +70,7 @@ async def main(requests: int, rounds: int) -> None:
             for name, (app, headers) in apps.items():
                 results[name].append(await per_request_us(app, requests, headers))
     base = min(results["baseline (routes only)"])
-    print(f"load average {os.getloadavg()}, {platform.processor() or platform.machine()}")
+    print(f"load average {os.getloadavg()}, {cpu()}")
     for name, values in results.items():
         best = min(values)
         print(f"{name:24s} {best:8.1f} us/request  x{best / base:.2f}  (+{best - base:.1f} us)")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import gzip
 import json
 import multiprocessing
 import random
@@ -31,10 +30,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from serving import free_port, start_server
+from lib.datasets import long_documents, sts_sentences
+from lib.serving import free_port, start_server
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "stsbenchmark.tsv.gz"
 MODEL = "all-MiniLM-L6-v2"
 
 
@@ -61,26 +59,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def sentences() -> list[str]:
-    with gzip.open(DATA, "rt", encoding="utf-8") as handle:
-        header = handle.readline().rstrip("\n").split("\t")
-        rows = [dict(zip(header, line.rstrip("\n").split("\t"), strict=False)) for line in handle]
-    return sorted({row[key] for row in rows for key in ("sentence1", "sentence2")})
-
-
-def long_documents(short: list[str], count: int, rng: random.Random) -> list[str]:
-    """Documents of about 250 tokens (~1,100 characters) made of consecutive STS sentences."""
-    documents = []
-    for _ in range(count):
-        start, parts = rng.randrange(len(short)), []
-        while sum(len(p) + 1 for p in parts) < 1100:
-            parts.append(short[(start + len(parts)) % len(short)])
-        documents.append(" ".join(parts))
-    return documents
-
-
 def workloads(per_client: int, rng: random.Random) -> dict[str, list[list[str]]]:
-    short = sentences()
+    short = sts_sentences()
     docs = long_documents(short, 400, rng)
     count = 4 * per_client
     short_requests = [rng.sample(short, 256) for _ in range(count)]
@@ -295,7 +275,7 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(0)
     loads = workloads(args.requests_per_client, rng)
-    singles = rng.sample(sentences(), 700)
+    singles = rng.sample(sts_sentences(), 700)
 
     baseline = Baseline()
     port = free_port()

@@ -5,8 +5,8 @@ model called in-process with transformers, on the same images, in the same run.
 
 Builds a small random CLIP (ViT with 224 px images, patch 32, 6 layers of width 384: ~50 patches per
 image) in a temporary directory (no download), derives JPEG images of several sizes from the real
-photo in ../shared/data, starts `infinity-server serve` on a free loopback port, then in rounds
-(interleaved, so drift on a shared machine hits every method alike):
+photo in the data folder (`lib/datasets.py`), starts `infinity-server serve` on a free loopback
+port, then in rounds (interleaved, so drift on a shared machine hits every method alike):
 1. in-process: for each batch of 16, decode with Pillow, `CLIPImageProcessor`, `get_image_features`;
 2. HTTP multipart: 2 concurrent clients, 16 files per `POST /v1/embeddings/upload`;
 3. HTTP data URIs: 2 concurrent clients, 16 base64 data URIs per `POST /v1/embeddings` (modality image).
@@ -34,10 +34,10 @@ import httpx
 import numpy as np
 import psutil
 
-from serving import free_port, start_server
+from lib.datasets import PHOTO, data_file
+from lib.serving import free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
-PHOTO = REPO.parent / "shared" / "data" / "cats_coco_sample.jpg"
 BATCH = 16
 CLIENTS = 2
 
@@ -66,7 +66,7 @@ def images(count: int) -> list[bytes]:
     """JPEGs from 160 to 640 px wide: crops and resizes of the real photo."""
     from PIL import Image
 
-    photo = Image.open(PHOTO).convert("RGB")
+    photo = Image.open(data_file(PHOTO)).convert("RGB")
     rng = np.random.default_rng(0)
     out = []
     for _ in range(count):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import statistics
 import tempfile
 import time
@@ -32,17 +31,12 @@ import httpx
 import numpy as np
 import psutil
 
-from serving import free_port, start_server
-
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "stsbenchmark.tsv.gz"
+from lib.datasets import sts_rows
+from lib.serving import free_port, start_server
 
 
 def sts_pairs() -> list[tuple[str, str]]:
-    with gzip.open(DATA, "rt", encoding="utf-8") as handle:
-        header = handle.readline().rstrip("\n").split("\t")
-        rows = [dict(zip(header, line.rstrip("\n").split("\t"), strict=False)) for line in handle]
-    return [(r["sentence1"], r["sentence2"]) for r in rows if r.get("split") == "test"]
+    return [(query, document) for query, document, _ in sts_rows("test")]
 
 
 def requests_from(pairs: list[tuple[str, str]], count: int, k: int) -> list[tuple[str, list[str]]]:

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import os
 import platform
-import subprocess
 import tempfile
 import threading
 import time
@@ -30,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from benchmarks.rawhttp import Answer, encode, send
-from benchmarks.serving import free_port, start_server
+from lib.machine import cpu_model
+from lib.rawhttp import Answer, encode, send
+from lib.serving import free_port, start_server
 
 MIB = 2**20
 SENTENCE = "A man is playing a guitar on a small stage while people listen."
@@ -153,15 +153,7 @@ def report(tally: Tally, args: argparse.Namespace, rss: PeakRss, recovered: floa
     print(f"small queries: p50 {1000 * np.percentile(small, 50):.0f} ms, p99 {1000 * np.percentile(small, 99):.0f} ms")
     print(f"server RSS: {rss.start / MIB:.0f} MiB at the start, peak {rss.peak / MIB:.0f} MiB")
     print(f"recovery after the flood: {recovered:.2f} s")
-    model = next((line.split(":", 1)[1].strip() for line in _lscpu() if line.startswith("Model name")), "?")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {model}; load average {os.getloadavg()}")
-
-
-def _lscpu() -> list[str]:
-    try:
-        return subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
-    except OSError:
-        return []
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {cpu_model()}; load average {os.getloadavg()}")
 
 
 def main() -> None:

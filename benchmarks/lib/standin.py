@@ -6,21 +6,21 @@ decides the throughput. `stand_in` gives a CPU-only machine that regime: the ONN
 `run` becomes a sleep of a fixed time per padded token (the lock is released, as during a device
 sync) that returns a last hidden state of ones, 8 wide by default, so that pooling costs next to
 nothing; `width` 384 returns the bundled model's width, so that the host pools states of a real
-size, as it did for a converting engine on a GPU before their outputs stayed on the device. With
-`ops`, each batch first launches that many operations one at a time, as eager torch does on a
-GPU: each releases the lock for a few microseconds of work and takes it back, so that a thread
-holding the lock meanwhile delays the next launch.
+size, as for an engine whose outputs come back to the host. With `ops`, each batch first launches
+that many operations one at a time, as eager torch does on a GPU: each releases the lock for a few
+microseconds of work and takes it back, so that a thread holding the lock meanwhile delays the
+next launch.
 
 `switch_interval` sets the interpreter's switch interval (`sys.setswitchinterval`) in the server,
 for `bench_batches.py --switch-interval`.
 
-`without_freeze` turns `gc.freeze` into a no-op: the server as it was before `model_registry.heap`
-froze loaded models out of the collector's walks, for an A/B run in the same conditions.
+`without_freeze` turns `gc.freeze` into a no-op: the server without `model_registry.heap`'s freeze
+of loaded models out of the collector's walks, for an A/B run in the same conditions.
 
 `collector_thresholds` sets the collector's generation thresholds (`gc.set_threshold`) in the
 server, for `bench_batches.py --gc-thresholds`.
 
-In the server's process these are applied by `hooks/sitecustomize.py` from the environment
+In the server's process these are applied by `../hooks/sitecustomize.py` from the environment
 (`BENCH_STAND_IN`, `BENCH_STAND_IN_OPS`, `BENCH_WITHOUT_FREEZE`, `BENCH_GC_THRESHOLDS`,
 `BENCH_SWITCH_INTERVAL`, `BENCH_STAND_IN_WIDTH`), which `bench_batches.py` sets.
 """
