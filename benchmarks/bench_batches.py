@@ -8,7 +8,7 @@ thread is, and how long the garbage collector stopped the server, read from its 
         [--switch-interval 0.005/0.0005] [--rounds 1]
 
 For each engine, the bundled all-MiniLM-L6-v2 served by `infinity-server serve` (a subprocess) and
-the same engine in-process (bench_backends' `InProcess`, the ceiling): `--requests` requests of
+the same engine in-process (`lib/engines.py`'s `InProcess`, the ceiling): `--requests` requests of
 `--inputs` short STS-benchmark sentences from each number of concurrent clients, with `/metrics`
 read before and after. Reported per run: inputs/s and its ratio to the in-process figure, the
 batches run, items per batch, the mean batch fill (cost over the token budget), the forward
@@ -43,10 +43,9 @@ from typing import Any
 
 import httpx
 
-import bench_backends
-from bench_backends import ENGINES, InProcess, Served
-from bench_embeddings import bulk
+from lib.clients import bulk
 from lib.datasets import sts_sentences
+from lib.engines import BATCH_TOKENS, ENGINES, InProcess, Served
 
 HERE = Path(__file__).resolve().parent
 
@@ -137,13 +136,13 @@ def main() -> None:
         os.environ["BENCH_STAND_IN"] = repr(args.stand_in)
         os.environ["BENCH_STAND_IN_OPS"] = str(args.stand_in_ops)
         os.environ["BENCH_STAND_IN_WIDTH"] = str(args.stand_in_width)
-        bench_backends.BATCH_TOKENS[args.device] = bench_backends.BATCH_TOKENS["cuda"]
+        BATCH_TOKENS[args.device] = BATCH_TOKENS["cuda"]
         engines = ["onnx"]
     freezes = {"on": [True], "off": [False], "both": [True, False]}[args.freeze]
     settings = args.gc_thresholds.split("/") if args.gc_thresholds else [None]
     intervals = args.switch_interval.split("/") if args.switch_interval else [None]
     for name in engines:
-        engine = {**ENGINES[name], "max_batch_tokens": bench_backends.BATCH_TOKENS[args.device]}
+        engine = {**ENGINES[name], "max_batch_tokens": BATCH_TOKENS[args.device]}
         with InProcess(engine, args.device) as local:
             local.throughput(requests[:4])
             ceiling = statistics.median(local.throughput(requests) for _ in range(3))

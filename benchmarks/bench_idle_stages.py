@@ -25,7 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-from bench_backends import ENGINES, SOURCE  # noqa: E402
+from lib.engines import ENGINES, SOURCE  # noqa: E402
 
 SENTENCE = "A man is playing a guitar on the street corner."
 STAGES = ("entry to tokenizing", "tokenizing", "queue", "forward", "postprocess", "delivery", "response built")
