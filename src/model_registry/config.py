@@ -62,6 +62,13 @@ class ModelSpec(_Frozen):
     trust_remote_code: bool = False
     keep_alive: float | None = Field(default=None, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
+    #: LLM rerankers (a causal LM with `kind: reranker`): the prompt, with {instruction}, {query} and
+    #: {document} (or a built-in record's name); the tokens whose logits score a pair ("" as
+    #: `false_token`: the true token's logit alone); the instruction when a request gives none.
+    template: str | None = Field(default=None, min_length=1)
+    true_token: str | None = Field(default=None, min_length=1)
+    false_token: str | None = None
+    instruction: str | None = None
 
     @field_validator("device")
     @classmethod
@@ -69,6 +76,34 @@ class ModelSpec(_Frozen):
         if not _DEVICE.match(value):
             raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
         return value
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        from model_registry.llm_rerank import check_template
+
+        if value is not None:
+            check_template(value)
+        return value
+
+    def rerank_overrides(self) -> dict[str, str | None]:
+        """The LLM reranker keys this entry sets (None where unset)."""
+        return {
+            "template": self.template,
+            "true_token": self.true_token,
+            "false_token": self.false_token,
+            "instruction": self.instruction,
+        }
+
+    @model_validator(mode="after")
+    def _rerank_keys(self) -> ModelSpec:
+        given = sorted(key for key, value in self.rerank_overrides().items() if value is not None)
+        if given and self.kind not in ("auto", Kind.RERANKER):
+            raise ValueError(
+                f"model '{self.name}': {', '.join(given)} apply to LLM rerankers (kind: reranker), "
+                f"not to kind: {getattr(self.kind, 'value', self.kind)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engine(self) -> ModelSpec:

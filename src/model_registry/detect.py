@@ -15,6 +15,7 @@ from typing import Any
 
 from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
+from model_registry.llm_rerank import RerankPrompt
 from model_registry.types import Kind
 
 _DECODER_TYPES = {
@@ -77,6 +78,8 @@ class Layout:
     config: dict[str, Any] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    #: A causal LM served as a reranker: its prompt and scoring tokens (see `llm_rerank`).
+    rerank_prompt: RerankPrompt | None = None
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -164,9 +167,16 @@ def _kind_from_architectures(model_type: str, architectures: tuple[str, ...]) ->
 def _auto_kind(
     root: Path, config: dict[str, Any], found: dict[str, Any], model_type: str, architectures: tuple[str, ...]
 ) -> Kind:
-    from model_registry.detect_zoo import zoo_kind
+    from model_registry.detect_zoo import is_causal_lm, zoo_kind
 
     kind = zoo_kind(root, config, found.get("modules", ())) or _kind_from_architectures(model_type, architectures)
+    if kind == Kind.DENSE and "Pooling" not in found.get("modules", ()) and is_causal_lm(architectures):
+        raise ModelUnavailable(
+            f"{root} holds a causal language model ({', '.join(architectures)}) with no sentence-transformers "
+            "pooling: its files do not say it embeds text. Set `kind: reranker` for a yes/no LLM reranker "
+            "(Qwen3-Reranker, bge-reranker-v2-gemma, mxbai-rerank-v2), or `kind: dense` with `pooling: lasttoken` "
+            "for an embedder whose files lack the sentence-transformers modules."
+        )
     if kind == Kind.DENSE and "Pooling" not in found.get("modules", ()) and _masked_lm_only(architectures):
         raise ModelUnavailable(
             f"{root} holds a bare masked-language model ({', '.join(architectures)}) with no pooling configured: "
@@ -218,7 +228,27 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         config=config,
         modules=tuple(found.get("modules", ())),
         options=dict(spec.options),
+        rerank_prompt=_rerank_prompt(transformer_dir, kind, model_type, architectures, spec),
     )
+
+
+def _rerank_prompt(
+    directory: Path, kind: Kind, model_type: str, architectures: tuple[str, ...], spec: ModelSpec
+) -> RerankPrompt | None:
+    """The prompt of a causal LM served as a reranker; the prompt keys on any other model are refused."""
+    from model_registry.detect_zoo import is_causal_lm
+    from model_registry.llm_rerank import resolve
+
+    overrides = spec.rerank_overrides()
+    if kind == Kind.RERANKER and is_causal_lm(architectures):
+        return resolve(directory, model_type, architectures, read_json(directory / "tokenizer_config.json"), overrides)
+    if any(value is not None for value in overrides.values()):
+        keys = ", ".join(sorted(k for k, v in overrides.items() if v is not None))
+        raise ModelUnavailable(
+            f"{keys} apply to LLM rerankers (a causal LM with kind: reranker); this model is a "
+            f"{kind.value} model ({', '.join(architectures) or model_type})"
+        )
+    return None
 
 
 def open_clip_layout(root: Path, spec: ModelSpec) -> Layout:

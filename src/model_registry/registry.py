@@ -443,6 +443,7 @@ class Registry:
         truncate: bool | None = None,
         truncation_direction: str = "right",
         max_tokens_per_doc: int | None = None,
+        instruction: str | None = None,
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Ranking:
@@ -452,12 +453,18 @@ class Registry:
         score by MaxSim, sparse dot product or cosine, which have no activation to skip.
         `max_tokens_per_doc` scores only each document's first tokens (results keep the whole text);
         `truncation_direction` "left" cuts an over-long document at its start (the query stays whole).
+        `instruction` replaces an LLM reranker's default instruction for this request.
         """
         handle = self._handle(model)
         limits = self.config
         docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars, top_n)
         adapter = await self._ensure_loaded(handle)
         method = rerank_method(adapter.capabilities, model)
+        if instruction is not None and not adapter.rerank_instructions:
+            raise UnsupportedOperation(
+                f"the model '{model}' takes no instruction; only LLM rerankers whose prompt has one do",
+                param="instruction",
+            )
         cut = handle.spec.truncate if truncate is None else truncate
         scored = docs
         if max_tokens_per_doc is not None:
@@ -467,7 +474,7 @@ class Registry:
         if method == CROSS_ENCODER:
             if cut and self._left(adapter, model, truncation_direction, pairs=True):
                 scored = await self._fit_left(adapter, model, scored, [query] * len(scored))
-            pairs = [PairItem(query, d, cut) for d in scored]
+            pairs = [PairItem(query, d, cut, instruction) for d in scored]
             results = await self.run(model, pairs, priority=priority, timeout=timeout)
             return ranking(docs, pair_scores(results.items, raw_scores), top_n, method, results.tokens)
         wanted = frozenset({method_output(method)})

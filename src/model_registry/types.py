@@ -115,11 +115,13 @@ class EmbedItem:
 
 @dataclass(frozen=True, slots=True)
 class PairItem:
-    """A (query, document) pair scored by a cross-encoder."""
+    """A (query, document) pair scored by a cross-encoder; `instruction` is the request's own
+    (LLM rerankers whose prompt has one), None for the model's default."""
 
     query: str
     document: str
     truncate: bool = True
+    instruction: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

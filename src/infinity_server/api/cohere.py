@@ -50,6 +50,7 @@ async def _rerank(request: Request, version: str) -> Response:
             top_n=body.top_n,
             raw_scores=body.raw_scores,
             truncate=body.truncate,
+            instruction=body.instruction,
             max_tokens_per_doc=body.max_tokens_per_doc,
             priority=body.priority,
         ),

@@ -37,6 +37,7 @@ async def rerank(request: Request) -> Response:
             top_n=body.top_n,
             raw_scores=body.raw_scores,
             truncate=body.truncate,
+            instruction=body.instruction,
             priority=body.priority,
         ),
     )

@@ -21,6 +21,7 @@ class CohereRerankRequest(ModelOptions):
     max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1)
     # Extensions.
     raw_scores: StrictBool = False
+    instruction: StrictStr | None = None  # an LLM reranker's instruction for this request
 
     def texts(self) -> list[str]:
         """The documents as strings; anything but a string or `{text: string}` is `InvalidInput`."""

@@ -19,6 +19,8 @@ class RerankRequest(ModelOptions):
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool = False
     raw_scores: StrictBool = False
+    # Extension: an LLM reranker's instruction for this request (docs/rerank.md).
+    instruction: StrictStr | None = None
 
 
 class ClassifyRequest(ModelOptions):

@@ -72,6 +72,8 @@ def detect_kind(spec: ModelSpec) -> Kind:
 LAYOUT_FACTORIES: dict[str, str] = {
     "open_clip": "model_registry.adapters.open_clip:OpenClipAdapter",
 }
+#: A causal LM served as a reranker (detection found its prompt): scored by its yes/no logits.
+LLM_RERANKER = "model_registry.adapters.llm_reranker:LlmRerankerAdapter"
 
 
 def _import(target: str) -> Any:
@@ -99,5 +101,7 @@ def create_adapter(spec: ModelSpec) -> Adapter:
         served = ", ".join(sorted(k.value for k in FACTORIES))
         raise ModelUnavailable(f"models of kind '{layout.kind.value}' are not supported yet; supported: {served}")
     target = LAYOUT_FACTORIES.get(layout.model_type, FACTORIES[layout.kind])
+    if layout.rerank_prompt is not None:
+        target = LLM_RERANKER
     adapter: Adapter = _import(target)(layout, spec.trust_remote_code)
     return adapter

@@ -62,6 +62,8 @@ class Adapter(abc.ABC):
     #: Named prompts (e.g. "query") and the one used when a request names none.
     prompts: Mapping[str, str] = {}
     default_prompt_name: str | None = None
+    #: Whether a rerank request may give its own instruction (`PairItem.instruction`).
+    rerank_instructions: bool = False
 
     def build(self, options: LoadOptions) -> None:
         """Make the files `load` will read without touching the device: an ONNX export or a

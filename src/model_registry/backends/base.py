@@ -21,8 +21,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 #: What the forward pass returns: the encoder's last hidden state, a sequence classifier's logits,
-#: or a masked-LM's vocabulary logits.
-Task = Literal["feature-extraction", "sequence-classification", "masked-lm"]
+#: a masked-LM's vocabulary logits, or a causal LM's logits of a few vocabulary rows (`rows`) at
+#: each sequence's last real token.
+Task = Literal["feature-extraction", "sequence-classification", "masked-lm", "causal-lm"]
 BACKENDS = ("torch", "onnx", "ctranslate2")
 QUANTIZE = ("none", "int8")
 
@@ -42,6 +43,8 @@ class EngineOptions:
     lanes: int | None = None
     cache_dir: str | None = None
     trust_remote_code: bool = False
+    #: The vocabulary rows whose logits the causal-lm task returns (an LLM reranker's two tokens).
+    rows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

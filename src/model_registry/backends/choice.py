@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model_registry.detect_zoo import is_causal_lm
+
 #: Families (the adapters' kinds) each engine serves. CLIP, CLAP, ColPali stay on torch.
 FAMILIES: dict[str, frozenset[str]] = {
     "torch": frozenset(),  # every kind
@@ -71,6 +73,11 @@ def check_model(name: str, backend: str, quantize: str, kind: str, config: dict[
     if backend == "torch":
         return
     model_type = str(config.get("model_type", "unknown"))
+    if kind == "reranker" and is_causal_lm([str(a) for a in config.get("architectures") or ()]):
+        raise ValueError(
+            f"model '{name}': an LLM reranker ('{model_type}' causal LM) runs on backend: torch only, which "
+            f"computes the two scoring rows of its LM head; use backend: torch (or auto), not {backend}"
+        )
     if kind not in FAMILIES[backend]:
         raise ValueError(
             f"model '{name}': a {kind} model does not run on backend: {backend} "

@@ -123,7 +123,24 @@ _AUTO_CLASSES = {
     "feature-extraction": "AutoModel",
     "sequence-classification": "AutoModelForSequenceClassification",
     "masked-lm": "AutoModelForMaskedLM",
+    "causal-lm": "AutoModelForCausalLM",
 }
+
+
+def keep_rows(model: Any, rows: tuple[int, ...]) -> None:
+    """Replace a causal LM's head by its `rows` alone, so that a forward computes those logits and
+    not the whole vocabulary's (and an untied head's memory comes back)."""
+    head = model.get_output_embeddings()
+    if not rows or head is None:
+        raise ModelUnavailable("This is a bug: a causal LM loaded without the vocabulary rows it scores")
+    index = torch.tensor(rows)
+    small = torch.nn.Linear(head.in_features, len(rows), bias=head.bias is not None, dtype=head.weight.dtype)
+    with torch.no_grad():
+        small.weight.copy_(head.weight[index])
+        if head.bias is not None:
+            small.bias.copy_(head.bias[index])
+    model.config.tie_word_embeddings = False  # the small head is its own, never re-tied to the embeddings
+    model.set_output_embeddings(small)
 
 
 class TorchEngine(Engine):
@@ -161,6 +178,8 @@ class TorchEngine(Engine):
         model = from_pretrained_checked(
             auto_class, directory, options.task, dtype=self.torch_dtype, trust_remote_code=options.trust_remote_code
         )
+        if options.task == "causal-lm":
+            keep_rows(model, options.rows)
         self.model = model.to(self.device).eval()
         self.config = self.model.config
         self.decoder = not hasattr(self.model, "classifier") and hasattr(self.model, "score")
@@ -175,19 +194,21 @@ class TorchEngine(Engine):
             if self.task == "feature-extraction":
                 return EncoderOutput(hidden=self.model(input_ids=ids, attention_mask=mask, **extra)[0])
             if self.task == "sequence-classification" and self.decoder:
-                return EncoderOutput(logits=self._decoder_logits(ids, mask))
+                return EncoderOutput(logits=self.model.score(self._last_states(ids, mask)))
+            if self.task == "causal-lm":
+                return EncoderOutput(logits=self.model.get_output_embeddings()(self._last_states(ids, mask)))
             return EncoderOutput(logits=self.model(input_ids=ids, attention_mask=mask, **extra).logits)
 
-    def _decoder_logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _last_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The base model's hidden state at each row's last real token, left or right padded."""
         base = getattr(self.model, self.model.base_model_prefix)
         states = base(input_ids=ids, attention_mask=mask).last_hidden_state
         length = mask.shape[1]
         values, from_end = mask.flip(1).max(dim=1)
         last = length - 1 - torch.where(values == 0, length - 1, from_end)
         picked = states[torch.arange(states.shape[0], device=states.device), last]
-        picked = picked * values.unsqueeze(-1).to(picked.dtype)
-        logits: torch.Tensor = self.model.score(picked)
-        return logits
+        result: torch.Tensor = picked * values.unsqueeze(-1).to(picked.dtype)
+        return result
 
     def footprint(self) -> int:
         return module_bytes(self.model) if self.model is not None else 0
