@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from benchmarks.lib import datasets
-from benchmarks.lib.datasets import read_sts
+from benchmarks.lib.datasets import read_sts as read_sts  # the STS-benchmark reader, for the tests
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -22,7 +22,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-__all__ = ["read_sts"]  # the STS-benchmark reader, shared with the benchmarks
 
 
 @pytest.fixture(scope="session")
