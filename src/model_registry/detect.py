@@ -142,6 +142,7 @@ def _sentence_transformers(root: Path, modules: list[dict[str, Any]]) -> dict[st
 _MEDIA_KINDS = {
     "clip": Kind.IMAGE_TEXT,
     "siglip": Kind.IMAGE_TEXT,
+    "siglip2": Kind.IMAGE_TEXT,
     "clap": Kind.AUDIO_TEXT,
     "colpali": Kind.PAGE_TEXT,
     "colqwen2": Kind.PAGE_TEXT,
@@ -149,6 +150,7 @@ _MEDIA_KINDS = {
 _MEDIA_ARCHITECTURES = {
     "CLIPModel": Kind.IMAGE_TEXT,
     "SiglipModel": Kind.IMAGE_TEXT,
+    "Siglip2Model": Kind.IMAGE_TEXT,
     "ClapModel": Kind.AUDIO_TEXT,
     "ColPaliForRetrieval": Kind.PAGE_TEXT,
     "ColQwen2ForRetrieval": Kind.PAGE_TEXT,

@@ -376,6 +376,14 @@ class Registry:
         return await self._on_model_threads(model, lambda: tokenizer.fit_left(texts, queries))
 
     @staticmethod
+    def _check_instruction(adapter: Adapter, model: str, instruction: str | None) -> None:
+        if instruction is not None and not adapter.rerank_instructions:
+            raise UnsupportedOperation(
+                f"the model '{model}' takes no instruction; only LLM rerankers whose prompt has one do",
+                param="instruction",
+            )
+
+    @staticmethod
     def _left(adapter: Adapter, model: str, direction: str, *, pairs: bool = False) -> bool:
         """Whether to cut at the start; pair and classify inputs are cut here, before the adapter."""
         sides: tuple[str, ...] = ("right", "left") if pairs else getattr(adapter, "truncation_sides", ("right",))
@@ -460,11 +468,7 @@ class Registry:
         docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars, top_n)
         adapter = await self._ensure_loaded(handle)
         method = rerank_method(adapter.capabilities, model)
-        if instruction is not None and not adapter.rerank_instructions:
-            raise UnsupportedOperation(
-                f"the model '{model}' takes no instruction; only LLM rerankers whose prompt has one do",
-                param="instruction",
-            )
+        self._check_instruction(adapter, model, instruction)
         cut = handle.spec.truncate if truncate is None else truncate
         scored = docs
         if max_tokens_per_doc is not None:

@@ -71,6 +71,7 @@ def detect_kind(spec: ModelSpec) -> Kind:
 #: Layouts served by another adapter than their kind's default (model_type -> "module:class").
 LAYOUT_FACTORIES: dict[str, str] = {
     "open_clip": "model_registry.adapters.open_clip:OpenClipAdapter",
+    "siglip2": "model_registry.adapters.naflex:NaflexAdapter",
 }
 #: A causal LM served as a reranker (detection found its prompt): scored by its yes/no logits.
 LLM_RERANKER = "model_registry.adapters.llm_reranker:LlmRerankerAdapter"
