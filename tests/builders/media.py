@@ -321,3 +321,53 @@ def smooth_image(width: int, height: int) -> Image.Image:
     y, x = np.mgrid[0:height, 0:width]
     channels = [np.sin(x / 17.0) * 120 + 128, np.cos(y / 11.0) * 120 + 128, np.sin((x + y) / 29.0) * 120 + 128]
     return Image.fromarray(np.stack(channels, -1).astype(np.uint8))
+
+
+def siglip2_tokenizer() -> Any:
+    """SigLIP 2's text side: a Gemma tokenizer padding on the right, texts cut to 64 tokens."""
+    tokenizer: Any = gemma_tokenizer()
+    tokenizer.model_max_length = 64
+    # The published tokenizer.json pads on the right to 64; transformers reads its side from there.
+    pad = tokenizer.pad_token_id
+    tokenizer.backend_tokenizer.enable_padding(direction="right", length=64, pad_id=pad, pad_token="<pad>")
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+SIGLIP2_TEXT = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
+
+
+def siglip2_token_ids(tokenizer: Any) -> dict[str, int]:
+    ids = tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+    return dict(zip(("pad_token_id", "bos_token_id", "eos_token_id"), ids, strict=True))
+
+
+def tiny_siglip2(root: Path, *, seed: int = 0) -> Path:
+    """SigLIP 2 at a fixed resolution: a SiglipModel with a Gemma tokenizer (pad to 64), 32 px images."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel, SiglipProcessor
+
+    torch.manual_seed(seed)
+    tokenizer = siglip2_tokenizer()
+    common = {"num_hidden_layers": 2, "num_attention_heads": 2}
+    text = {**common, **SIGLIP2_TEXT, "vocab_size": len(tokenizer), **siglip2_token_ids(tokenizer)}
+    vision = {**common, "hidden_size": 32, "intermediate_size": 64, "image_size": 32, "patch_size": 8}
+    SiglipModel(SiglipConfig(text_config=text, vision_config=vision)).eval().save_pretrained(root)
+    images = SiglipImageProcessor(size={"height": 32, "width": 32})
+    SiglipProcessor(image_processor=images, tokenizer=tokenizer).save_pretrained(root)
+    return root
+
+
+def tiny_siglip2_naflex(root: Path, *, seed: int = 0, max_num_patches: int = 24) -> Path:
+    """SigLIP 2 NaFlex: a Siglip2Model (8 px patches, a 4x4 position grid) and Siglip2ImageProcessor,
+    which resizes an image to at most `max_num_patches` patches at its own aspect ratio."""
+    from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model, Siglip2Processor
+
+    torch.manual_seed(seed)
+    tokenizer = siglip2_tokenizer()
+    common = {"num_hidden_layers": 2, "num_attention_heads": 2}
+    text = {**common, **SIGLIP2_TEXT, "vocab_size": len(tokenizer), **siglip2_token_ids(tokenizer)}
+    vision = {**common, "hidden_size": 32, "intermediate_size": 64, "num_patches": 16, "patch_size": 8}
+    Siglip2Model(Siglip2Config(text_config=text, vision_config=vision)).eval().save_pretrained(root)
+    images = Siglip2ImageProcessor(patch_size=8, max_num_patches=max_num_patches)
+    Siglip2Processor(image_processor=images, tokenizer=tokenizer).save_pretrained(root)
+    return root

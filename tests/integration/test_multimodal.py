@@ -122,9 +122,10 @@ def test_siglip_parity_with_transformers(client: httpx.Client, models: dict[str,
     tokenizer = AutoTokenizer.from_pretrained(models["siglip"])
     processor = SiglipImageProcessor.from_pretrained(models["siglip"])
     with torch.inference_mode():
-        # SigLIP was trained on texts padded to the full length, without an attention mask.
-        ids = tokenizer(texts, padding="max_length", truncation=True, max_length=16, return_tensors="pt").input_ids
-        want_text = model.get_text_features(input_ids=ids).pooler_output.numpy()
+        # SigLIP's processor pads texts to the full length; its tokenizer's mask goes to the text tower.
+        tokens = tokenizer(texts, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+        mask = tokens.get("attention_mask")
+        want_text = model.get_text_features(input_ids=tokens.input_ids, attention_mask=mask).pooler_output.numpy()
         pixels = processor(images=Image.open(io.BytesIO(photo)).convert("RGB"), return_tensors="pt")
         want_image = model.get_image_features(**pixels).pooler_output.numpy()
     np.testing.assert_allclose(got_text, want_text, atol=TOL)

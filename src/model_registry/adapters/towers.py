@@ -55,7 +55,8 @@ class TwoTowerAdapter(Adapter):
 
     backend = "torch"
     modality: Modality
-    #: Pad every text to the longest the model takes (SigLIP was trained that way).
+    #: Pad every text to the longest the model takes, as SigLIP's processors do (its text tower pools
+    #: the last position, padding or not).
     pad_to_max_length = False
     #: Position ids that the text tower reserves before the first token (RoBERTa-style towers: 2).
     position_offset = 0
@@ -145,15 +146,19 @@ class TwoTowerAdapter(Adapter):
         group = items[0].group
         if group != TEXT:
             return TowerBatch(group, {k: v.to(self.device) for k, v in self.collate_media(items).items()})
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        sequences = [p.data for p in items]
-        if self.pad_to_max_length:
-            longest = self.max_length or max(len(s) for s in sequences)
-            sequences = [s + (pad_id,) * (longest - len(s)) for s in sequences]
-        padded = pad(sequences, int(pad_id), left=self.tokenizer.padding_side == "left")
-        tensors = {"input_ids": torch.from_numpy(padded.input_ids)}
-        if "attention_mask" in self.tokenizer.model_input_names and not self.pad_to_max_length:
-            tensors["attention_mask"] = torch.from_numpy(padded.attention_mask)
+        pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        left = self.tokenizer.padding_side == "left"
+        padded = pad([p.data for p in items], pad_id, left=left)
+        ids, mask = padded.input_ids, padded.attention_mask
+        extra = self.max_length - ids.shape[1] if self.pad_to_max_length else 0
+        if extra > 0:
+            widths = ((0, 0), (extra, 0) if left else (0, extra))
+            ids, mask = np.pad(ids, widths, constant_values=pad_id), np.pad(mask, widths)
+        tensors = {"input_ids": torch.from_numpy(ids)}
+        # The tower gets the mask wherever the tokenizer gives one, as the processor's output feeds
+        # `get_text_features` in transformers (SigLIP's text tower applies it to its padding too).
+        if "attention_mask" in self.tokenizer.model_input_names:
+            tensors["attention_mask"] = torch.from_numpy(mask)
         return TowerBatch(TEXT, {k: v.to(self.device) for k, v in tensors.items()})
 
     @abc.abstractmethod
