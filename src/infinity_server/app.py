@@ -18,7 +18,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infinity_server import openapi
+from infinity_server import batches, openapi
 from infinity_server.api import admin, cohere, encode, infinity, media, native, openai, tei, vllm
 from infinity_server.auth import Authenticate, keyring
 from infinity_server.body_limit import BodyLimit
@@ -63,6 +63,7 @@ ROUTES = [
     *admin.routes,
     *tei.routes,
     *vllm.routes,
+    *batches.routes,
     *openapi.routes,
 ]
 
@@ -81,6 +82,7 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
     drain = Drain()
     metrics.in_flight.set_function(lambda: drain.inflight)
     tracing = Tracing(tracer_provider) if tracer_provider is not None or settings.server.tracing else None
+    jobs = batches.Batches(settings.server, metrics.registry)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -88,9 +90,11 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
             # Pinned models load in the background: the port opens at once, /health answers and
             # /ready says what is loading, whatever the ASGI server's startup timeout.
             await engine.start(wait=False)
+            await jobs.start(app)  # unfinished batch jobs resume
             try:
                 yield
             finally:
+                await jobs.stop()
                 await engine.stop()
                 await close_media_client(app.state)
 
@@ -102,7 +106,12 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
             Middleware(RequestContext, metrics=metrics, tracing=tracing, access_log=settings.server.access_log),
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(DrainGate, drain=drain),
-            Middleware(BodyLimit, limit=settings.server.max_body_bytes, timeout=settings.server.body_read_timeout),
+            Middleware(
+                BodyLimit,
+                limit=settings.server.max_body_bytes,
+                timeout=settings.server.body_read_timeout,
+                paths=jobs.body_limits(),
+            ),
             Middleware(Authenticate, keys=keys),
             Middleware(JsonContentType),
         ],
@@ -118,6 +127,7 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.drain = drain
+    app.state.batches = jobs
     return app
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -25,17 +25,19 @@ class BodyLimit:
     """413 for a body over `limit` bytes, by Content-Length or by counting a streamed body; 408 for
     one not whole `timeout` seconds after its headers."""
 
-    def __init__(self, app: ASGIApp, limit: int, timeout: float = 30.0) -> None:
-        self.app, self.limit, self.timeout = app, limit, timeout
+    def __init__(self, app: ASGIApp, limit: int, timeout: float = 30.0, paths: Mapping[str, int] | None = None) -> None:
+        # `paths`: the limit of a route that takes larger bodies (the batch file upload).
+        self.app, self.default, self.timeout, self.paths = app, limit, timeout, dict(paths or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         body = _Body(receive, self.timeout)
+        limit = self.paths.get(scope["path"], self.default)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(scope, body, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._reject(scope, body, send, limit)
             return
         seen = 0
 
@@ -44,9 +46,9 @@ class BodyLimit:
             message = await body()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     await self._drain(body, message)
-                    raise HTTPError(413, self._message(), code="body_too_large")
+                    raise HTTPError(413, _message(limit), code="body_too_large")
             return message
 
         await self.app(scope, counted, send)
@@ -67,13 +69,14 @@ class BodyLimit:
                     return
                 drained += len(message.get("body", b""))
 
-    def _message(self) -> str:
-        return f"the request body is larger than the limit of {self.limit:,} bytes"
-
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         await self._drain(receive, {"type": "http.request", "more_body": True})
-        response = error_response(413, self._message(), code="body_too_large", shape=shape_of(scope))
+        response = error_response(413, _message(limit), code="body_too_large", shape=shape_of(scope))
         await response(scope, receive, send)
+
+
+def _message(limit: int) -> str:
+    return f"the request body is larger than the limit of {limit:,} bytes"
 
 
 class _Body:

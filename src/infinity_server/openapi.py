@@ -26,6 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from infinity_server.api.common import json_response
+from infinity_server.batches import schemas as jobs
 from infinity_server.schemas import responses as out
 from infinity_server.schemas import tei, vllm
 from infinity_server.schemas.cohere import CohereEmbedRequest, CohereEmbedResponse, CohereRerankRequest
@@ -41,6 +42,9 @@ MODEL_ERRORS = (400, 401, 403, 404, 408, 413, 415, 422, 429, 499, 500, 503, 504)
 #: A route without a body or a model: a missing or wrong key, or a draining server.
 PLAIN_ERRORS = (401, 403, 503)
 ADMIN_ERRORS = (400, 401, 403, 404, 499, 503, 504)
+#: A batch route: a bad field (400), no such file or job, or the API off (404), a job that is over
+#: (409), a file too large or no room left (413), too many jobs for the key (429).
+BATCH_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 422, 429, 503)
 _MULTIPART = "multipart/form-data"
 _PROMETHEUS = "text/plain; version=0.0.4"
 
@@ -86,6 +90,11 @@ def open_op(
 ) -> Operation:
     """An operations route anyone may call (`GET`)."""
     return Operation("GET", path, summary, None, response, (), None, "operations", response_type=media_type)
+
+
+def batch_op(method: str, path: str, summary: str, response: type[BaseModel] | None, **fields: Any) -> Operation:
+    """A route of the batch API (files and jobs): `inference` scope, the batch errors."""
+    return replace(Operation(method, path, summary, None, response, BATCH_ERRORS, tag="batches"), **fields)
 
 
 def tei_op(path: str, summary: str, request: type[BaseModel] | None, response: type[BaseModel]) -> Operation:
@@ -143,6 +152,24 @@ OPERATIONS: tuple[Operation, ...] = (
     form_op("/v1/embeddings/upload", "Embeddings of uploaded files", out.EmbeddingUpload, _E),
     model_op("POST", "/v1/rerank/images", "Rank images against a query", MediaRerankRequest, _IMAGES),
     form_op("/v1/rerank/images/upload", "Rank uploaded images", out.ImageRerankUpload, _IMAGES),
+    batch_op(
+        "POST",
+        "/v1/files",
+        "Upload a batch's requests (JSONL)",
+        jobs.FileObject,
+        request=jobs.FileUpload,
+        request_type=_MULTIPART,
+    ),
+    batch_op("GET", "/v1/files", "The key's files, newest first", jobs.FileList),
+    batch_op("GET", "/v1/files/{file_id}", "One file", jobs.FileObject),
+    batch_op("DELETE", "/v1/files/{file_id}", "Delete a file", jobs.FileDeleted),
+    batch_op("GET", "/v1/files/{file_id}/content", "A file's bytes (JSONL)", None, response_type="application/jsonl"),
+    batch_op(
+        "POST", "/v1/batches", "Run a file of requests as a job", jobs.BatchObject, request=jobs.BatchCreateRequest
+    ),
+    batch_op("GET", "/v1/batches", "The key's jobs, newest first", jobs.BatchList),
+    batch_op("GET", "/v1/batches/{batch_id}", "One job: status, counts, result files", jobs.BatchObject),
+    batch_op("POST", "/v1/batches/{batch_id}/cancel", "Cancel a job", jobs.BatchObject),
     admin_op("POST", "/v1/models/{name}/load", "Load a model now", out.ModelEntry),
     admin_op("POST", "/v1/models/{name}/unload", "Unload a model", out.ModelEntry),
     admin_op("GET", "/v1/memory", "Memory budget per device and recent lifecycle events", out.MemoryResponse),

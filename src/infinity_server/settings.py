@@ -98,6 +98,15 @@ class ServerSettings(BaseModel):
     max_audio_samples: int = Field(default=16_000_000, ge=1)
     # Routes whose body may omit `model` (TEI's dialect): the model each route family uses then.
     default_models: dict[Literal["embed", "embed_sparse", "embed_all", "predict", "rerank"], str] = {}
+    # Batch jobs (docs/batches.md): the folder of their database and files; None turns the API off.
+    batch_dir: str | None = None
+    batch_max_file_bytes: int = Field(default=100 * 2**20, ge=1024)
+    batch_max_requests: int = Field(default=50_000, ge=1)
+    batch_max_jobs_per_key: int = Field(default=8, ge=1)
+    batch_max_disk_bytes: int = Field(default=10 * 2**30, ge=1024)
+    # Lines of the running job in flight at once, at the lowest priority: two keep the engine busy
+    # (one runs while the next is queued) and its batches about one line large.
+    batch_concurrency: int = Field(default=2, ge=1, le=256)
 
     @field_validator("media_allowed_hosts", mode="before")
     @classmethod

@@ -29,11 +29,12 @@ ASSET_MOUNTS = {"/docs/assets"}
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[LiveServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     # Keys on, so that the document's security (bearer) is what the server enforces; admin routes
-    # on through the admin scope; media fetches fail fast.
+    # on through the admin scope; media fetches fail fast; the batch routes on.
     keys = [{"name": "fuzz", "key": KEY, "scopes": ["inference", "admin", "metrics"]}]
-    server = ServerSettings(api_keys=keys, media_fetch_timeout=1, access_log=False)  # type: ignore[arg-type]
+    batch_dir = str(tmp_path_factory.mktemp("batches"))
+    server = ServerSettings(api_keys=keys, media_fetch_timeout=1, access_log=False, batch_dir=batch_dir)  # type: ignore[arg-type]
     live = start_server(create_app(Settings(server, registry_config({"models": [FAKE]}))))
     yield live
     live.close()

@@ -1,0 +1,191 @@
+"""OpenAI's Files and Batch routes: upload a JSONL file of requests, run it as a job, read the
+results. Every file and job belongs to the key that made it (by the key's name; with no keys
+configured, to everyone alike): another key gets 404, as if it did not exist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Route
+
+from infinity_server.api.common import json_response, parse_body
+from infinity_server.batches.schemas import BatchCreateRequest
+from infinity_server.batches.service import Batches
+from infinity_server.batches.store import FileRecord, JobRecord
+from infinity_server.errors import Endpoint, HTTPError
+
+_FORM_FIELDS = 8
+_FIELD_BYTES = 2**16
+
+
+def batches_of(request: Request) -> Batches:
+    batches: Batches = request.app.state.batches
+    return batches
+
+
+def owner_of(request: Request) -> str:
+    """The name of the request's key; "" for everyone when no key is configured."""
+    return str(request.scope.get("state", {}).get("key_name") or "")
+
+
+def file_object(record: FileRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "object": "file",
+        "bytes": record.bytes,
+        "created_at": record.created_at,
+        "filename": record.filename,
+        "purpose": record.purpose,
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }
+
+
+def batch_object(job: JobRecord) -> dict[str, Any]:
+    errors = None
+    if job.error is not None:
+        errors = {
+            "object": "list",
+            "data": [{"code": "batch_failed", "message": job.error, "param": None, "line": None}],
+        }
+    return {
+        "id": job.id,
+        "object": "batch",
+        "endpoint": job.endpoint,
+        "errors": errors,
+        "input_file_id": job.input_file_id,
+        "completion_window": job.completion_window,
+        "status": job.status,
+        "output_file_id": job.output_file_id,
+        "error_file_id": job.error_file_id,
+        "created_at": job.created_at,
+        "in_progress_at": job.in_progress_at,
+        "expires_at": job.expires_at,
+        "finalizing_at": job.finalizing_at,
+        "completed_at": job.completed_at,
+        "failed_at": job.failed_at,
+        "expired_at": None,
+        "cancelling_at": job.cancelling_at,
+        "cancelled_at": job.cancelled_at,
+        "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
+        "metadata": None if job.metadata is None else orjson.loads(job.metadata),
+    }
+
+
+def page(request: Request, default: int, most: int) -> tuple[str | None, int]:
+    """The `after` cursor and the `limit` (1 to `most`) of a list request."""
+    after, limit = request.query_params.get("after"), request.query_params.get("limit")
+    if limit is None:
+        return after, default
+    if not limit.isdigit() or not 1 <= int(limit) <= most:
+        raise HTTPError(
+            400, f"limit must be a whole number from 1 to {most}, got {limit!r}", code="invalid_limit", param="limit"
+        )
+    return after, int(limit)
+
+
+def listing(objects: list[dict[str, Any]], limit: int) -> Response:
+    """OpenAI's cursor page of `objects` (one more than `limit` was fetched: whether there are more)."""
+    shown = objects[:limit]
+    first, last = (shown[0]["id"], shown[-1]["id"]) if shown else (None, None)
+    return json_response(
+        {"object": "list", "data": shown, "first_id": first, "last_id": last, "has_more": len(objects) > limit}
+    )
+
+
+async def upload_file(request: Request) -> Response:
+    """multipart/form-data: `file` (JSONL) and `purpose` (batch)."""
+    batches = batches_of(request)
+    batches.running()  # a 404 while the API is off, before the body is read
+    form = await request.form(max_files=1, max_fields=_FORM_FIELDS, max_part_size=_FIELD_BYTES)
+    try:
+        if form.get("purpose") != "batch":
+            message = (
+                f"purpose must be 'batch' (the only purpose this server keeps files for), got {form.get('purpose')!r}"
+            )
+            raise HTTPError(400, message, code="invalid_purpose", param="purpose")
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise HTTPError(
+                422, "the form field 'file' (the JSONL file of requests) is required", code="invalid_body", param="file"
+            )
+        record = await batches.add_file(owner_of(request), upload.file, upload.filename or "batch.jsonl")
+    finally:
+        await form.close()
+    return json_response(file_object(record))
+
+
+async def list_files(request: Request) -> Response:
+    store, _, _ = batches_of(request).running()
+    after, limit = page(request, 100, 10_000)
+    purpose = request.query_params.get("purpose")
+    records = await store.call(store.files, owner_of(request), after, limit + 1, purpose)
+    return listing([file_object(record) for record in records], limit)
+
+
+async def get_file(request: Request) -> Response:
+    store, _, _ = batches_of(request).running()
+    return json_response(file_object(await store.call(store.file, owner_of(request), request.path_params["file_id"])))
+
+
+async def file_content(request: Request) -> Response:
+    store, folder, _ = batches_of(request).running()
+    record = await store.call(store.file, owner_of(request), request.path_params["file_id"])
+    return FileResponse(folder.path(record.id), media_type="application/jsonl")
+
+
+async def delete_file(request: Request) -> Response:
+    store, folder, _ = batches_of(request).running()
+    ident = request.path_params["file_id"]
+    await store.call(store.delete_file, owner_of(request), ident)
+    folder.remove(ident)
+    return json_response({"id": ident, "object": "file", "deleted": True})
+
+
+async def create_batch(request: Request) -> Response:
+    batches = batches_of(request)
+    batches.running()  # a 404 while the API is off, before the body is read
+    body = await parse_body(request, BatchCreateRequest)
+    return json_response(batch_object(await batches.add_job(owner_of(request), body)))
+
+
+async def list_batches(request: Request) -> Response:
+    store, _, _ = batches_of(request).running()
+    after, limit = page(request, 20, 100)
+    jobs = await store.call(store.jobs, owner_of(request), after, limit + 1)
+    return listing([batch_object(job) for job in jobs], limit)
+
+
+async def get_batch(request: Request) -> Response:
+    store, _, _ = batches_of(request).running()
+    return json_response(batch_object(await store.call(store.job, owner_of(request), request.path_params["batch_id"])))
+
+
+async def cancel_batch(request: Request) -> Response:
+    job = await batches_of(request).cancel(owner_of(request), request.path_params["batch_id"])
+    return json_response(batch_object(job))
+
+
+def by_method(**endpoints: Endpoint) -> Endpoint:
+    """One endpoint for a path that several methods share (so that a 405 lists them all)."""
+
+    async def endpoint(request: Request) -> Response:
+        method = "get" if request.method == "HEAD" else request.method.lower()
+        return await endpoints[method](request)
+
+    return endpoint
+
+
+routes = [
+    Route("/v1/files", by_method(post=upload_file, get=list_files), methods=["GET", "POST"]),
+    Route("/v1/files/{file_id}", by_method(get=get_file, delete=delete_file), methods=["GET", "DELETE"]),
+    Route("/v1/files/{file_id}/content", file_content, methods=["GET"]),
+    Route("/v1/batches", by_method(post=create_batch, get=list_batches), methods=["GET", "POST"]),
+    Route("/v1/batches/{batch_id}", get_batch, methods=["GET"]),
+    Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
+]
