@@ -189,7 +189,8 @@ class Ct2Engine(Engine):
         encoder = self.encoder
 
         def forward(rows: slice) -> Any:
-            part_types = None if types is None else ctranslate2.StorageView.from_array(types[rows])
+            # Segment ids go in as nested lists: the binding takes no StorageView for them.
+            part_types = None if types is None else types[rows].tolist()
             output = encoder.forward_batch(
                 ctranslate2.StorageView.from_array(ids[rows]),
                 ctranslate2.StorageView.from_array(lengths[rows]),

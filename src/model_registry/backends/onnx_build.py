@@ -25,7 +25,7 @@ OUTPUT: dict[Task, str] = {
     "masked-lm": "logits",
 }
 #: Bumped whenever the build steps change, so that old artifacts are not reused.
-RECIPE = "export-dynamo+ort-optimizer+int8-weight-matmul-per-channel:2"
+RECIPE = "export-dynamo+ort-optimizer+int8-weight-matmul-per-channel:3"
 #: Weight MatMuls kept in float32 under int8 (empty: all quantized). See docs/backends.md.
 INT8_KEEP_FLOAT: frozenset[str] = frozenset()
 _LIBRARIES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime")

@@ -8,6 +8,7 @@ within 2.5e-5 of eager torch on MiniLM).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -55,8 +56,11 @@ def export(directory: Path, task: Task, target: Path, *, trust_remote_code: bool
         getattr(transformers, _AUTO[task]), directory, task, dtype=torch.float32, trust_remote_code=trust_remote_code
     )
     model = model.eval()
+    # The signature, not the code object: transformers wraps `forward`, whose own variables then
+    # lack the argument, and a pair's segment ids would be left out of the graph.
     type_ids = (
-        "token_type_ids" in model.forward.__code__.co_varnames and getattr(model.config, "type_vocab_size", 0) > 1
+        "token_type_ids" in inspect.signature(model.forward).parameters
+        and getattr(model.config, "type_vocab_size", 0) > 1
     )
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if type_ids else [])
     sample = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
