@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# Engine artifacts (ONNX exports, CTranslate2 conversions) of models that name no cache go to one
+# directory of this run, shared by the servers it starts, never to the user's own cache.
+_ENGINE_CACHE = tempfile.mkdtemp(prefix="infinity-engines-")
+os.environ.setdefault("INFINITY_ENGINE_CACHE", _ENGINE_CACHE)
+atexit.register(shutil.rmtree, _ENGINE_CACHE, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 

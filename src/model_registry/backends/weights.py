@@ -8,6 +8,7 @@ leaves any weight missing or reshaped is refused here, naming the weights.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,17 @@ from model_registry.errors import ModelUnavailable
 #: pooling of the hidden states (masked-LM checkpoints do not carry it).
 _UNUSED: dict[str, tuple[str, ...]] = {"feature-extraction": ("pooler.",)}
 _SHOWN = 5
+_LOADING = threading.Lock()
 
 
 def from_pretrained_checked(auto_class: Any, directory: Path, task: str, **kwargs: Any) -> Any:
-    """`auto_class.from_pretrained(directory, **kwargs)`, refused when weights are missing."""
-    model, info = auto_class.from_pretrained(str(directory), output_loading_info=True, **kwargs)
+    """`auto_class.from_pretrained(directory, **kwargs)`, refused when weights are missing.
+
+    One at a time in the process: transformers builds a model of another precision by setting
+    torch's process-wide default dtype, so two loads at once (a float16 model and a float32 one)
+    would each build part of their model in the other's precision."""
+    with _LOADING:
+        model, info = auto_class.from_pretrained(str(directory), output_loading_info=True, **kwargs)
     missing = sorted(k for k in info.get("missing_keys", ()) if not _unused(task, k))
     mismatched = sorted(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", ()))
     if missing or mismatched:
