@@ -341,8 +341,13 @@ class Lifecycle:
             await self.unload(victims[0], kind=EventKind.EVICTED, candidates=candidates)
 
     def _may_go_idle(self, device: str, *, besides: ModelHandle) -> bool:
+        """Whether a model holding room on `device` may become evictable: a loaded or loading one
+        (a load in progress, its warm-up included, is busy only for a while), never a pinned one."""
         return any(
-            h.device == device and h is not besides and not h.spec.pin and h.state == ModelState.LOADED
+            h.device == device
+            and h is not besides
+            and not h.spec.pin
+            and h.state in (ModelState.LOADED, ModelState.LOADING)
             for h in self.handles.values()
         )
 
