@@ -70,6 +70,14 @@ class ModelSpec(_Frozen):
     false_token: str | None = None
     instruction: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _catalogue(cls, data: Any) -> Any:
+        """A known published `source` brings its catalogue record's keys; the entry's own win."""
+        from model_registry.catalogue import with_record
+
+        return with_record(data) if isinstance(data, Mapping) else data
+
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:

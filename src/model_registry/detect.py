@@ -80,6 +80,10 @@ class Layout:
     options: dict[str, Any] = field(default_factory=dict)
     #: A causal LM served as a reranker: its prompt and scoring tokens (see `llm_rerank`).
     rerank_prompt: RerankPrompt | None = None
+    #: The checkpoint's own code runs (`trust_remote_code: true` and the code is here).
+    remote_code: bool = False
+    #: Facts for `/models`: the catalogue record matched, where the model's code comes from.
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -125,7 +129,7 @@ def _sentence_transformers(root: Path, modules: list[dict[str, Any]]) -> dict[st
     for module in modules:
         kind, sub = str(module.get("type", "")), root / str(module.get("path", ""))
         found["modules"].append(kind.rsplit(".", 1)[-1])
-        if kind == _ST_TRANSFORMER or kind.endswith("models.Transformer"):
+        if kind == _ST_TRANSFORMER or kind.endswith("models.Transformer") or kind.endswith("_st.Transformer"):
             found["transformer_dir"] = sub
             st_config = read_json(sub / "sentence_bert_config.json") or read_json(root / "sentence_bert_config.json")
             found["max_length"] = st_config.get("max_seq_length")
@@ -205,6 +209,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
     model_type = str(config.get("model_type", ""))
     architectures = tuple(str(a) for a in config.get("architectures") or ())
     decoder = model_type in _DECODER_TYPES
+    remote, notes = _code_origin(transformer_dir, config, modules, model_type, spec)
     if "pooling" not in found:
         found["pooling"] = "lasttoken" if decoder else "mean"
         found.setdefault("normalize", True)
@@ -231,7 +236,36 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         modules=tuple(found.get("modules", ())),
         options=dict(spec.options),
         rerank_prompt=_rerank_prompt(transformer_dir, kind, model_type, architectures, spec),
+        remote_code=remote,
+        notes=notes,
     )
+
+
+def _code_origin(
+    root: Path, config: dict[str, Any], modules: Any, model_type: str, spec: ModelSpec
+) -> tuple[bool, dict[str, str]]:
+    """Whether the checkpoint's own code runs, and the notes `/models` shows about it."""
+    from model_registry.catalogue import match
+    from model_registry.detect_zoo import check_remote_code, native_port, remote_classes
+
+    record = match(spec.source)
+    notes = {"catalogue": record.id} if record else {}
+    types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    classes = remote_classes(config, types)
+    port = native_port(model_type) if classes else None
+    if port is not None:
+        notes["code"] = f"transformers' native {model_type} port (the checkpoint's hub code is not run)"
+        return False, notes
+    unsupported = [t for t in types if t in classes and not t.endswith(".Transformer")]
+    if unsupported:
+        raise ModelUnavailable(
+            f"modules.json names {', '.join(unsupported)}: this server runs sentence-transformers' own "
+            "Pooling, Dense and Normalize modules, not a checkpoint's own"
+        )
+    check_remote_code(root, classes, spec.trust_remote_code)
+    if classes:
+        notes["code"] = f"the checkpoint's own code ({', '.join(classes[:3])}), trust_remote_code: true"
+    return bool(classes), notes
 
 
 def _rerank_prompt(

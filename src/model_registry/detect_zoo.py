@@ -6,19 +6,30 @@
 - SPLADE in the sentence-transformers SparseEncoder layout (`MLMTransformer` / `SpladePooling`).
 - `*ForSequenceClassification`: one label is a reranker, several a classifier.
 - A causal LM whose chat template renders the `query` and `document` roles: an LLM reranker.
+
+Code outside the libraries (`auto_map` in config.json, a modules.json module outside
+sentence_transformers) runs only with `trust_remote_code: true` and, when HF_HUB_OFFLINE is
+set, only from files already here (the model directory or the local hub cache). Where
+transformers ships a native port of the family, the port serves it and the hub code is ignored.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from model_registry.errors import ModelUnavailable
 from model_registry.llm_rerank import chat_template, has_pair_roles
 from model_registry.types import Kind
 
 _CAUSAL_LM = ("ForCausalLM", "LMHeadModel")
+#: model_type -> transformers' native port of a family published with hub code.
+NATIVE_PORTS = {"nomic_bert": "transformers.models.nomic_bert"}
+_ST_PREFIX = "sentence_transformers."
 _PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length", "do_query_expansion")
 
 
@@ -69,3 +80,62 @@ def zoo_kind(root: Path, config: dict[str, Any], modules: Sequence[str]) -> Kind
     if is_causal_lm(architectures) and _reranker_chat_template(root):
         return Kind.RERANKER
     return None
+
+
+def remote_classes(config: dict[str, Any], module_types: Sequence[str]) -> list[str]:
+    """The classes outside the libraries that these files name: config.json's `auto_map`
+    (AutoModel's first) and modules.json modules outside sentence_transformers."""
+    auto_map = config.get("auto_map")
+    named: list[str] = []
+    if isinstance(auto_map, dict):
+        ordered = sorted(auto_map.items(), key=lambda item: item[0] != "AutoModel")
+        for _, value in ordered:
+            named.extend(str(v) for v in (value if isinstance(value, list) else [value]) if v)
+    named.extend(t for t in module_types if t and not t.startswith(_ST_PREFIX))
+    return list(dict.fromkeys(named))
+
+
+def native_port(model_type: str) -> str | None:
+    """transformers' own module for a family published with hub code, when installed."""
+    module = NATIVE_PORTS.get(model_type)
+    try:
+        return module if module and importlib.util.find_spec(module) is not None else None
+    except ImportError:
+        return None
+
+
+def check_remote_code(root: Path, classes: list[str], trusted: bool) -> None:
+    """Refuse code outside the libraries unless trusted and, offline, present here."""
+    if not classes:
+        return
+    shown = ", ".join(classes[:3])
+    if not trusted:
+        raise ModelUnavailable(
+            f"{root} names code outside transformers and sentence-transformers ({shown}): without it the model "
+            "would run as another architecture, with weights missing or unused. Set `trust_remote_code: true` on "
+            "the model to run that code (from the model directory or the local hub cache)"
+        )
+    missing = [name for name in classes if _code_file(root, name) is None]
+    if missing and _offline():
+        raise ModelUnavailable(
+            f"`trust_remote_code: true`, but the code of {', '.join(missing)} is neither in {root} nor in the "
+            "local hub cache, and HF_HUB_OFFLINE is set: download the model and the repository its code lives "
+            "in (infinity-server download) before serving offline"
+        )
+
+
+def _code_file(root: Path, reference: str) -> Path | None:
+    """The .py file of 'module.Class' (in `root`) or 'org/repo--module.Class' (in the hub cache)."""
+    from model_registry.sources import hub_cache_dir
+
+    repo, _, local = reference.rpartition("--")
+    module = local.rsplit(".", 1)[0].replace(".", "/") + ".py"
+    if not repo:
+        return root / module if (root / module).is_file() else None
+    snapshots = hub_cache_dir() / ("models--" + repo.replace("/", "--")) / "snapshots"
+    found = sorted(snapshots.glob(f"*/{module}")) if snapshots.is_dir() else []
+    return found[0] if found else None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}

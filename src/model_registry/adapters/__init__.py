@@ -104,5 +104,6 @@ def create_adapter(spec: ModelSpec) -> Adapter:
     target = LAYOUT_FACTORIES.get(layout.model_type, FACTORIES[layout.kind])
     if layout.rerank_prompt is not None:
         target = LLM_RERANKER
-    adapter: Adapter = _import(target)(layout, spec.trust_remote_code)
+    # Only a checkpoint whose own code is needed runs it; a native port runs transformers' code.
+    adapter: Adapter = _import(target)(layout, layout.remote_code)
     return adapter

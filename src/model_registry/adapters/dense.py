@@ -195,7 +195,7 @@ class TextEncoder(Adapter):
         engine = {"backend": self.choice.backend, "reason": self.choice.reason}
         if self.engine is not None:
             engine.update(self.engine.describe())
-        return {**self.family_facts(), "engine": engine}
+        return {**self.family_facts(), "engine": engine, **self.layout.notes}
 
     def family_facts(self) -> dict[str, Any]:
         return {}

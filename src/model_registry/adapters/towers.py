@@ -182,4 +182,4 @@ class TwoTowerAdapter(Adapter):
         return [Embedding(dense=row) for row in array]
 
     def describe(self) -> dict[str, Any]:
-        return {"modalities": ["text", self.modality.value], "model_type": self.layout.model_type}
+        return {"modalities": ["text", self.modality.value], "model_type": self.layout.model_type, **self.layout.notes}
