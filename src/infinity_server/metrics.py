@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from model_registry import Registry
 from model_registry.admission import arrival
 from model_registry.handles import EventKind, LifecycleEvent
+from model_registry.result_cache import Lookup
 from model_registry.timing import StageTimes
 from model_registry.worker import BatchStats
 
@@ -138,6 +139,20 @@ class Metrics:
             "infinity_model_footprint_bytes", "Bytes a loaded model holds", ["model"], registry=self.registry
         )
 
+        self.cache_lookups = Counter(
+            "infinity_cache_lookups",
+            "Distinct inputs looked up in a model's result cache, found (hit) or computed (miss)",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.cache_hit_ratio = Gauge(
+            "infinity_cache_hit_ratio",
+            "Share of a model's cache lookups that were hits",
+            ["model"],
+            registry=self.registry,
+        )
+        self._cache_counts: dict[str, list[int]] = {}
+
     @contextlib.contextmanager
     def watching_the_collector(self) -> Iterator[None]:
         """Count the garbage collector's pauses while inside (the server's lifespan)."""
@@ -161,6 +176,16 @@ class Metrics:
         for times in stages:
             for stage, seconds in stage_seconds(times).items():
                 self.stage_seconds.labels(times.model, stage).observe(seconds)
+
+    def on_cache(self, lookups: Iterable[Lookup]) -> None:
+        for lookup in lookups:
+            self.cache_lookups.labels(lookup.model, "hit").inc(lookup.hits)
+            self.cache_lookups.labels(lookup.model, "miss").inc(lookup.misses)
+            counts = self._cache_counts.setdefault(lookup.model, [0, 0])
+            counts[0] += lookup.hits
+            counts[1] += lookup.misses
+            if sum(counts):
+                self.cache_hit_ratio.labels(lookup.model).set(counts[0] / sum(counts))
 
     def on_event(self, event: LifecycleEvent) -> None:
         self.lifecycle.labels(event.model, event.kind.value).inc()

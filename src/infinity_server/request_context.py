@@ -6,6 +6,8 @@
   (the whole request at the edge), `x-tokenization-time` (prepare), `x-queue-time` (waiting for a
   batch) and `x-inference-time` (forward and postprocess). When a request ran several model
   calls (media rerank embeds the query and the documents) the stage times are summed.
+- `X-Cache`, where the model has a result cache: `hit` (nothing computed), `miss` (nothing found)
+  or `partial`; the lookups are counted in `/metrics` (docs/caching.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infinity_server.logs import REQUEST_ID
 from infinity_server.metrics import Metrics, stage_seconds
 from infinity_server.tracing import Tracing
+from model_registry import result_cache
 from model_registry.timing import StageTimes, recording
 
 access = logging.getLogger("infinity_server.access")
@@ -73,7 +76,7 @@ class RequestContext:
         span = self.tracing.start(scope, wall) if self.tracing else None
         status = 500
 
-        with recording() as stages:
+        with recording() as stages, result_cache.recording() as lookups:
 
             async def sending(message: Message) -> None:
                 nonlocal status
@@ -83,6 +86,8 @@ class RequestContext:
                     headers["x-request-id"] = rid
                     for name, value in timing_headers(stages, time.perf_counter() - started).items():
                         headers[name] = value
+                    if (cached := result_cache.outcome(lookups)) is not None:
+                        headers["x-cache"] = cached
                     parent = self.tracing.traceparent(span) if self.tracing is not None else None
                     if parent is not None:
                         headers["traceparent"] = parent
@@ -92,6 +97,7 @@ class RequestContext:
             try:
                 await self.app(scope, receive, sending)
             finally:
+                self.metrics.on_cache(lookups)
                 self._finish(scope, stages, status, span, time.perf_counter() - started)
                 REQUEST_ID.reset(token)
 

@@ -36,6 +36,23 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CacheSpec(_Frozen):
+    """A model's result cache (docs/caching.md): `bytes` of results in memory, least recently used
+    dropped first; `disk`, a directory that keeps them across restarts, up to `disk_bytes`."""
+
+    memory_bytes: str | int = Field(alias="bytes")
+    disk: str | None = Field(default=None, min_length=1)
+    disk_bytes: str | int = "1GiB"
+
+    @field_validator("memory_bytes", "disk_bytes")
+    @classmethod
+    def _size(cls, value: str | int) -> str | int:
+        if isinstance(value, str) and value.strip().endswith("%"):
+            raise ValueError("expected a size like '256MiB' or '1GB', or bytes (a percentage has nothing to be of)")
+        parse_budget(value, total=1)
+        return value
+
+
 class ModelSpec(_Frozen):
     """One served model. Only `name` and `source` are required; the rest is detected or defaulted."""
 
@@ -62,6 +79,8 @@ class ModelSpec(_Frozen):
     trust_remote_code: bool = False
     keep_alive: float | None = Field(default=None, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
+    #: Off unless set: a cache of this model's results, keyed by its files and the inputs.
+    cache: CacheSpec | None = None
     #: LLM rerankers (a causal LM with `kind: reranker`): the prompt, with {instruction}, {query} and
     #: {document} (or a built-in record's name); the tokens whose logits score a pair ("" as
     #: `false_token`: the true token's logit alone); the instruction when a request gives none.

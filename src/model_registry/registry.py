@@ -44,6 +44,7 @@ from model_registry.ranking import (
     ranking,
     rerank_method,
 )
+from model_registry.result_cache import caches_for
 from model_registry.timing import StageTimes, report
 from model_registry.types import (
     Capability,
@@ -93,6 +94,7 @@ class Registry:
         self._lifecycle = Lifecycle(config, self._handles, on_batch=on_batch, on_event=on_event)
         self._started = False
         self._from_files: dict[str, tuple[Kind, frozenset[Capability]]] = {}
+        self._caches = caches_for(config.models)
 
     @classmethod
     def from_config(cls, source: str | Path | RegistryConfig | Mapping[str, Any], **kwargs: Any) -> Registry:
@@ -282,7 +284,15 @@ class Registry:
         """Run items through `model`'s queue; the core every operation shares.
 
         The request is priced and admitted before its inputs are prepared: `Overloaded` (429) when
-        the model cannot serve it before its deadline at its measured rate."""
+        the model cannot serve it before its deadline at its measured rate. A model with a result
+        cache answers the items it holds and computes the others once (`result_cache`)."""
+        cache = self._caches.get(model)
+        if cache is None:
+            return await self._compute(model, items, priority, timeout)
+        identity = await cache.identity(await self._ensure_loaded(self._handle(model)))
+        return await cache.run(identity, items, lambda missing: self._compute(model, missing, priority, timeout))
+
+    async def _compute(self, model: str, items: Sequence[Item], priority: int | None, timeout: float | None) -> Results:
         handle = self._handle(model)
         if not self._started:
             raise ModelUnavailable("the registry is not started (use 'async with Registry(...)' or start())")
@@ -309,7 +319,7 @@ class Registry:
             raise Cancelled("the request was cancelled before all of its items ran")
         tokens = sum(p.tokens for p in prepared)
         report(StageTimes(model, len(items), tokens, prepare_start, enqueued, time.time(), tuple(request.batches)))
-        return Results(tuple(results), tokens)
+        return Results(tuple(results), tokens, tuple(p.tokens for p in sorted(prepared, key=lambda p: p.index)))
 
     def client_priority(self, requested: int | None, *, granted: bool) -> int | None:
         """The priority a client's request may have: lowering is free; raising it above the default

@@ -195,6 +195,8 @@ class Results:
 
     items: tuple[Result, ...]
     tokens: int
+    #: Each item's tokens, in input order (empty where not counted per item).
+    item_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
