@@ -4,22 +4,26 @@ configured, to everyone alike): another key gets 404, as if it did not exist."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any, BinaryIO
 
 import orjson
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from infinity_server.api.common import json_response, parse_body
 from infinity_server.batches.schemas import BatchCreateRequest
 from infinity_server.batches.service import Batches
-from infinity_server.batches.store import FileRecord, JobRecord
+from infinity_server.batches.store import FileRecord, JobRecord, not_found
 from infinity_server.errors import Endpoint, HTTPError
 
 _FORM_FIELDS = 8
 _FIELD_BYTES = 2**16
+_CHUNK = 2**20
 
 
 def batches_of(request: Request) -> Batches:
@@ -134,9 +138,25 @@ async def get_file(request: Request) -> Response:
 
 
 async def file_content(request: Request) -> Response:
+    """The file's bytes, streamed from a handle opened first: a file deleted meanwhile is still
+    read whole (or, deleted before the open, is a 404)."""
     store, folder, _ = batches_of(request).running()
-    record = await store.call(store.file, owner_of(request), request.path_params["file_id"])
-    return FileResponse(folder.path(record.id), media_type="application/jsonl")
+    ident = request.path_params["file_id"]
+    record = await store.call(store.file, owner_of(request), ident)
+    try:
+        handle = await asyncio.to_thread(folder.path(record.id).open, "rb")
+    except FileNotFoundError:
+        raise not_found("file", ident) from None
+    size = os.fstat(handle.fileno()).st_size
+    return StreamingResponse(_read(handle), media_type="application/jsonl", headers={"content-length": str(size)})
+
+
+async def _read(handle: BinaryIO) -> AsyncIterator[bytes]:
+    try:
+        while chunk := await asyncio.to_thread(handle.read, _CHUNK):
+            yield chunk
+    finally:
+        handle.close()
 
 
 async def delete_file(request: Request) -> Response:
