@@ -81,6 +81,8 @@ class ModelSpec(_Frozen):
     options: dict[str, Any] = Field(default_factory=dict)
     #: Off unless set: a cache of this model's results, keyed by its files and the inputs.
     cache: CacheSpec | None = None
+    #: Models with more than one output (BGE-M3): the default weights of a hybrid rerank's parts.
+    rerank_weights: dict[Literal["dense", "sparse", "multivector"], float] | None = None
     #: LLM rerankers (a causal LM with `kind: reranker`): the prompt, with {instruction}, {query} and
     #: {document} (or a built-in record's name); the tokens whose logits score a pair ("" as
     #: `false_token`: the true token's logit alone); the instruction when a request gives none.

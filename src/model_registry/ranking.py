@@ -2,13 +2,16 @@
 
 A cross-encoder scores each (query, document) pair itself. A model without one ranks by its
 embeddings: MaxSim over token vectors when it has them (ColBERT, BGE-M3), else the dot product of
-sparse vectors (SPLADE), else the cosine of dense vectors.
+sparse vectors (SPLADE), else the cosine of dense vectors. A model with more than one output
+(BGE-M3) also ranks by a weighted sum of its parts on request: `hybrid_scores`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +23,19 @@ CROSS_ENCODER = "cross-encoder"
 MAXSIM = "maxsim"
 SPARSE_DOT = "sparse-dot"
 COSINE = "cosine"
+HYBRID = "hybrid"
+
+#: BGE-M3's authors' weights for dense, sparse and multi-vector scores (its model card's
+#: `compute_score(..., weights_for_different_modes=[0.4, 0.2, 0.4])`); the default of every model
+#: with more than one output whose entry sets no `rerank_weights` (a catalogue record may set it).
+PUBLISHED_WEIGHTS: Mapping[Output, float] = MappingProxyType(
+    {Output.DENSE: 0.4, Output.SPARSE: 0.2, Output.MULTIVECTOR: 0.4}
+)
+_OUTPUT_OF = {
+    Capability.EMBED_TEXT: Output.DENSE,
+    Capability.SPARSE: Output.SPARSE,
+    Capability.MULTIVECTOR: Output.MULTIVECTOR,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +45,8 @@ class Ranked:
     index: int
     score: float
     document: str
+    #: Hybrid rankings asked for their parts: each output's own score.
+    parts: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +144,64 @@ def embedding_scores(method: str, query: Result, documents: Sequence[Result], *,
     return [float(s) for s in cosine(query.dense, matrix)]
 
 
-def ranking(documents: Sequence[str], scores: Sequence[float], top_n: int | None, method: str, tokens: int) -> Ranking:
+def ranking(
+    documents: Sequence[str],
+    scores: Sequence[float],
+    top_n: int | None,
+    method: str,
+    tokens: int,
+    parts: Sequence[Mapping[str, float]] | None = None,
+) -> Ranking:
     if len(scores) != len(documents):
         raise TypeError("This is a bug: a score is missing for some documents")
     order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[: top_n or len(documents)]
-    return Ranking(tuple(Ranked(i, float(scores[i]), documents[i]) for i in order), method, tokens)
+    ranked = (Ranked(i, float(scores[i]), documents[i], None if parts is None else parts[i]) for i in order)
+    return Ranking(tuple(ranked), method, tokens)
+
+
+def hybrid_weights(
+    capabilities: frozenset[Capability],
+    name: str,
+    asked: Mapping[str, float | None] | None,
+    default: Mapping[Any, float] | None,
+) -> dict[Output, float]:
+    """Each output's weight: the request's, else the model's default (its entry's `rerank_weights`,
+    else `PUBLISHED_WEIGHTS`); an output the model lacks may only weigh 0."""
+    has = {out for cap, out in _OUTPUT_OF.items() if cap in capabilities}
+    if len(has) < 2:
+        raise UnsupportedOperation(
+            f"the model '{name}' has one output; weights apply to models with dense, sparse and multi-vector outputs",
+            param="weights",
+        )
+    base = {Output(k): v for k, v in default.items()} if default else PUBLISHED_WEIGHTS
+    weights = {out: float(base.get(out, 0.0)) for out in Output if out in has}
+    for key, value in (asked or {}).items():
+        out = Output(key)
+        if value is not None and out not in has and value != 0:
+            raise UnsupportedOperation(f"the model '{name}' has no {key} output to weigh", param="weights")
+        if value is not None and out in has:
+            weights[out] = float(value)
+    return weights
+
+
+def hybrid_scores(
+    weights: Mapping[Output, float], query: Result, documents: Sequence[Result], *, mean_maxsim: bool
+) -> tuple[list[float], list[dict[str, float]]]:
+    """s = w_dense * cosine + w_sparse * sparse dot + w_multivector * MaxSim, and each part."""
+    parts: list[dict[str, float]] = [{} for _ in documents]
+    methods = {Output.DENSE: COSINE, Output.SPARSE: SPARSE_DOT, Output.MULTIVECTOR: MAXSIM}
+    for out, method in methods.items():
+        if _has(query, out):  # the outputs asked: those weighed, or all when the parts are shown
+            for part, score in zip(
+                parts, embedding_scores(method, query, documents, mean_maxsim=mean_maxsim), strict=True
+            ):
+                part[out.value] = score
+    fused = [sum(weights[Output(k)] * v for k, v in part.items()) for part in parts]
+    return fused, parts
+
+
+def _has(result: Result, out: Output) -> bool:
+    return isinstance(result, Embedding) and getattr(result, out.value) is not None
 
 
 def classification(results: Sequence[Result], raw_scores: bool, tokens: int) -> Classification:

@@ -31,6 +31,7 @@ from model_registry.handles import DeviceUsage, LifecycleEvent, ModelHandle
 from model_registry.lifecycle import Lifecycle
 from model_registry.ranking import (
     CROSS_ENCODER,
+    HYBRID,
     Classification,
     PairScores,
     Ranking,
@@ -39,6 +40,8 @@ from model_registry.ranking import (
     classification,
     embedding_pair_scores,
     embedding_scores,
+    hybrid_scores,
+    hybrid_weights,
     method_output,
     pair_scores,
     ranking,
@@ -76,6 +79,11 @@ def _enqueue(queue: BatchQueue, request: Request) -> None:
         queue.put(request)
     except Exception as error:
         request.fail(error)
+
+
+def _hybrid_outputs(weights: Mapping[Output, float], every: bool) -> frozenset[Output]:
+    """The outputs a hybrid rerank embeds: those weighed, or all the model has when parts are shown."""
+    return frozenset(o for o, w in weights.items() if w != 0 or every) or frozenset({Output.DENSE})
 
 
 class Registry:
@@ -462,6 +470,8 @@ class Registry:
         truncation_direction: str = "right",
         max_tokens_per_doc: int | None = None,
         instruction: str | None = None,
+        weights: Mapping[str, float | None] | None = None,
+        return_parts: bool = False,
         priority: int | None = None,
         timeout: float | None = None,
     ) -> Ranking:
@@ -472,6 +482,8 @@ class Registry:
         `max_tokens_per_doc` scores only each document's first tokens (results keep the whole text);
         `truncation_direction` "left" cuts an over-long document at its start (the query stays whole).
         `instruction` replaces an LLM reranker's default instruction for this request.
+        `weights` (or `return_parts`) ranks a model with several outputs by the weighted sum of
+        their scores, omitted weights taking the model's defaults; `return_parts` keeps each part.
         """
         handle = self._handle(model)
         limits = self.config
@@ -479,6 +491,9 @@ class Registry:
         adapter = await self._ensure_loaded(handle)
         method = rerank_method(adapter.capabilities, model)
         self._check_instruction(adapter, model, instruction)
+        hybrid = None
+        if weights is not None or return_parts:
+            hybrid = hybrid_weights(adapter.capabilities, model, weights, handle.spec.rerank_weights)
         cut = handle.spec.truncate if truncate is None else truncate
         scored = docs
         if max_tokens_per_doc is not None:
@@ -491,7 +506,7 @@ class Registry:
             pairs = [PairItem(query, d, cut, instruction) for d in scored]
             results = await self.run(model, pairs, priority=priority, timeout=timeout)
             return ranking(docs, pair_scores(results.items, raw_scores), top_n, method, results.tokens)
-        wanted = frozenset({method_output(method)})
+        wanted = frozenset({method_output(method)}) if hybrid is None else _hybrid_outputs(hybrid, return_parts)
         prompts = adapter.prompts
         left = self._left(adapter, model, truncation_direction)
         query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut, left)
@@ -499,10 +514,16 @@ class Registry:
         items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut, left) for d in scored)]
         results = await self.run(model, items, priority=priority, timeout=timeout)
         # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it.
-        scores = await asyncio.to_thread(
-            embedding_scores, method, results.items[0], results.items[1:], mean_maxsim=adapter.kind == Kind.MULTI_OUTPUT
+        mean = adapter.kind == Kind.MULTI_OUTPUT
+        if hybrid is None:
+            scores = await asyncio.to_thread(
+                embedding_scores, method, results.items[0], results.items[1:], mean_maxsim=mean
+            )
+            return ranking(docs, scores, top_n, method, results.tokens)
+        fused, parts = await asyncio.to_thread(
+            hybrid_scores, hybrid, results.items[0], results.items[1:], mean_maxsim=mean
         )
-        return ranking(docs, scores, top_n, method, results.tokens)
+        return ranking(docs, fused, top_n, HYBRID, results.tokens, parts if return_parts else None)
 
     async def classify(
         self,

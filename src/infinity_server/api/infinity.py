@@ -21,6 +21,7 @@ def ranking_results(ranking: Ranking, return_documents: bool) -> list[dict[str, 
             "relevance_score": r.score,
             "index": r.index,
             "document": r.document if return_documents else None,
+            **({"parts": dict(r.parts)} if r.parts is not None else {}),
         }
         for r in ranking.results
     ]
@@ -38,6 +39,8 @@ async def rerank(request: Request) -> Response:
             raw_scores=body.raw_scores,
             truncate=body.truncate,
             instruction=body.instruction,
+            weights=body.weights.model_dump() if body.weights is not None else None,
+            return_parts=body.return_parts,
             priority=body.priority,
         ),
     )

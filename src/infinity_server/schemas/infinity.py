@@ -8,9 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from infinity_server.schemas.common import ModelOptions, one_or_many
+from infinity_server.schemas.common import Body, ModelOptions, one_or_many
+
+Weight = StrictFloat | StrictInt | None
+
+
+class RerankWeights(Body):
+    """A hybrid rerank's weight per output (docs/rerank.md); an omitted one takes the model's default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)  # a misspelt output is an error, not a 0
+
+    dense: Weight = Field(default=None, allow_inf_nan=False)
+    sparse: Weight = Field(default=None, allow_inf_nan=False)
+    multivector: Weight = Field(default=None, allow_inf_nan=False)
 
 
 class RerankRequest(ModelOptions):
@@ -21,6 +33,9 @@ class RerankRequest(ModelOptions):
     raw_scores: StrictBool = False
     # Extension: an LLM reranker's instruction for this request (docs/rerank.md).
     instruction: StrictStr | None = None
+    # Extension: models with several outputs (BGE-M3) rank by their weighted parts (docs/rerank.md).
+    weights: RerankWeights | None = None
+    return_parts: StrictBool = False
 
 
 class ClassifyRequest(ModelOptions):

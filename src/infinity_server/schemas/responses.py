@@ -86,6 +86,8 @@ class RerankResult(BaseModel):
     relevance_score: float | None
     index: int
     document: str | None = None
+    #: A hybrid rerank with `return_parts`: each output's score (dense, sparse, multivector).
+    parts: dict[str, float] | None = None
 
 
 class RerankResponse(BaseModel):
