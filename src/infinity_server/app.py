@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity_server import batches, openapi
-from infinity_server.api import admin, cohere, encode, infinity, media, native, openai, tei, vllm
+from infinity_server.api import admin, catalogue, cohere, encode, infinity, media, native, openai, tei, vllm
 from infinity_server.auth import Authenticate, keyring
 from infinity_server.body_limit import BodyLimit
 from infinity_server.content_type import JsonContentType
@@ -61,6 +61,7 @@ ROUTES = [
     *encode.routes,
     *media.routes,
     *admin.routes,
+    *catalogue.routes,
     *tei.routes,
     *vllm.routes,
     *batches.routes,

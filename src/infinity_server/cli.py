@@ -24,8 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", dest="api_key", help="require 'Authorization: Bearer KEY'")
     serve.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, help="largest accepted request body")
     serve.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
-    models = commands.add_parser("models", help="list the configured models and where they come from")
+    models = commands.add_parser("models", help="list the configured models, where they come from, their record")
     models.add_argument("--config", help="YAML file with 'models' and 'server'")
+    models.add_argument("--catalogue", action="store_true", help="list the catalogue of known published models")
     download = commands.add_parser(
         "download", help="fetch every configured hub model into the Hugging Face cache, check the others, exit"
     )
@@ -76,12 +77,22 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def _models(args: argparse.Namespace) -> None:
+    """One line per configured model (`catalogue=` the record its source matched), or per record."""
     from infinity_server.settings import load_settings
+    from model_registry.catalogue import RECORDS, match
+    from model_registry.types import Kind
 
+    if args.catalogue:
+        for known in RECORDS.values():
+            facts = {k: v for k, v in known.as_dict().items() if k not in ("id", "kind", "keys", "note")}
+            shown = "\t".join(f"{key}={value}" for key, value in facts.items())
+            print(f"{known.id}\tkind={known.kind}" + (f"\t{shown}" if shown else ""))
+        return
     settings = load_settings(args.config)
     for spec in settings.registry.models:
-        kind = spec.kind if isinstance(spec.kind, str) else spec.kind.value
-        print(f"{spec.name}\t{spec.source}\tkind={kind}\tpin={spec.pin}")
+        kind = spec.kind.value if isinstance(spec.kind, Kind) else spec.kind
+        record = match(spec.source)
+        print(f"{spec.name}\t{spec.source}\tkind={kind}\tpin={spec.pin}\tcatalogue={record.id if record else '-'}")
 
 
 def _download(args: argparse.Namespace) -> int:

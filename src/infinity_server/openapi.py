@@ -25,6 +25,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from infinity_server.api.catalogue import CatalogueList
 from infinity_server.api.common import json_response
 from infinity_server.batches import schemas as jobs
 from infinity_server.schemas import responses as out
@@ -123,6 +124,7 @@ OPERATIONS: tuple[Operation, ...] = (
     model_op("POST", "/embeddings", "Embeddings (Infinity's unversioned path)", InfinityEmbeddingRequest, _E),
     Operation("GET", "/v1/models", "The configured models and their state", None, _LIST, PLAIN_ERRORS),
     Operation("GET", "/v1/models/{name}", "One model and its state", None, out.ModelEntry, (*PLAIN_ERRORS, 404)),
+    Operation("GET", "/v1/catalogue", "Known published models and their records", None, CatalogueList, PLAIN_ERRORS),
     Operation("GET", "/models", "The configured models (unversioned path)", None, _LIST, PLAIN_ERRORS),
     replace(
         model_op("POST", "/rerank", "Rerank (Infinity's or TEI's body)", RerankEitherRequest, RerankEitherResponse),

@@ -5,6 +5,7 @@ async with Registry.from_config("models.yaml") as registry:
 """
 
 from model_registry.admission import OutputLimit
+from model_registry.catalogue import RECORDS as CATALOGUE
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
     BatchFailed,
@@ -42,6 +43,7 @@ from model_registry.types import (
 )
 
 __all__ = [
+    "CATALOGUE",
     "BatchFailed",
     "Cancelled",
     "Capability",

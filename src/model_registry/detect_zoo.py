@@ -29,7 +29,8 @@ from model_registry.types import Kind
 _CAUSAL_LM = ("ForCausalLM", "LMHeadModel")
 #: model_type -> transformers' native port of a family published with hub code.
 NATIVE_PORTS = {"nomic_bert": "transformers.models.nomic_bert"}
-_ST_PREFIX = "sentence_transformers."
+#: Libraries whose modules this server implements itself (PyLate's Dense in PyLate checkpoints).
+_LIBRARY_MODULES = ("sentence_transformers.", "pylate.")
 _PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length", "do_query_expansion")
 
 
@@ -84,14 +85,14 @@ def zoo_kind(root: Path, config: dict[str, Any], modules: Sequence[str]) -> Kind
 
 def remote_classes(config: dict[str, Any], module_types: Sequence[str]) -> list[str]:
     """The classes outside the libraries that these files name: config.json's `auto_map`
-    (AutoModel's first) and modules.json modules outside sentence_transformers."""
+    (AutoModel's first) and modules.json modules outside sentence_transformers and PyLate."""
     auto_map = config.get("auto_map")
     named: list[str] = []
     if isinstance(auto_map, dict):
         ordered = sorted(auto_map.items(), key=lambda item: item[0] != "AutoModel")
         for _, value in ordered:
             named.extend(str(v) for v in (value if isinstance(value, list) else [value]) if v)
-    named.extend(t for t in module_types if t and not t.startswith(_ST_PREFIX))
+    named.extend(t for t in module_types if t and not t.startswith(_LIBRARY_MODULES))
     return list(dict.fromkeys(named))
 
 

@@ -1,0 +1,147 @@
+"""Catalogue records on tiny random models in each published layout, found by hub id in a local cache.
+
+`source: <published id>` with no other key: the record supplies what the files cannot say (an
+LLM reranker's kind and prompt), the files the rest. Scores are compared with transformers' full
+forward on the text each model card builds (the references of test_llm_rerank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from model_registry.catalogue import RECORDS
+from tests.builders.hub import lay_out_cache
+from tests.builders.llm_rerankers import (
+    tiny_gemma_reranker,
+    tiny_mxbai_reranker,
+    tiny_qwen3_embedding,
+    tiny_qwen3_reranker,
+)
+from tests.builders.media import tiny_siglip2, tiny_siglip2_naflex
+from tests.builders.text import tiny_bert
+from tests.builders.zoo import tiny_bge_m3, tiny_modern_colbert, tiny_pylate, tiny_xlmr_cross_encoder
+from tests.integration.zoo.test_llm_rerank import DOCUMENTS, QUERY, gemma_card, mxbai_card, qwen3_card, reference
+from tests.integration.zoo.test_remote_code import tiny_remote_code_model
+
+pytestmark = pytest.mark.integration
+
+Builder = Callable[[Path], Path]
+
+
+def _answerai(root: Path) -> Path:
+    return tiny_pylate(root, prefixes=("[unused0]", "[unused1]"))
+
+
+#: Published id -> a tiny random model in its layout.
+LAYOUTS: dict[str, Builder] = {
+    "Qwen/Qwen3-Embedding-0.6B": tiny_qwen3_embedding,
+    "Qwen/Qwen3-Reranker-0.6B": tiny_qwen3_reranker,
+    "Qwen/Qwen3-Reranker-4B": tiny_qwen3_reranker,
+    "Qwen/Qwen3-Reranker-8B": tiny_qwen3_reranker,
+    "BAAI/bge-reranker-v2-gemma": tiny_gemma_reranker,
+    "mixedbread-ai/mxbai-rerank-base-v2": tiny_mxbai_reranker,
+    "mixedbread-ai/mxbai-rerank-large-v2": tiny_mxbai_reranker,
+    "BAAI/bge-m3": tiny_bge_m3,
+    "BAAI/bge-reranker-v2-m3": tiny_xlmr_cross_encoder,
+    "lightonai/GTE-ModernColBERT-v1": tiny_modern_colbert,
+    "answerdotai/answerai-colbert-small-v1": _answerai,
+    "google/siglip2-base-patch16-224": tiny_siglip2,
+    "google/siglip2-base-patch16-naflex": tiny_siglip2_naflex,
+    "sentence-transformers/all-MiniLM-L6-v2": tiny_bert,
+}
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Builder], Path]:
+    """Lay a tiny model out in a local hub cache under a published id."""
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+
+    def put(repo: str, build: Builder) -> Path:
+        return build(lay_out_cache(cache, repo, "0123abcd"))
+
+    return put
+
+
+@pytest.mark.parametrize("model_id", sorted(LAYOUTS))
+def test_a_published_id_is_detected_as_its_record_says(hub: Callable[[str, Builder], Path], model_id: str) -> None:
+    from model_registry.config import ModelSpec
+    from model_registry.detect import detect
+    from model_registry.sources import resolve_source
+
+    hub(model_id, LAYOUTS[model_id])
+    spec = ModelSpec(name="m", source=model_id)
+    layout = detect(resolve_source(spec.source), spec)
+    assert layout.kind.value == RECORDS[model_id].kind
+    assert layout.notes["catalogue"] == model_id
+
+
+CARDS: dict[str, tuple[Callable[[str, str], str], str, str | None]] = {
+    "Qwen/Qwen3-Reranker-0.6B": (qwen3_card, "yes", "no"),
+    "BAAI/bge-reranker-v2-gemma": (gemma_card, "Yes", None),
+    "mixedbread-ai/mxbai-rerank-base-v2": (mxbai_card, "1", "0"),
+}
+
+
+@pytest.mark.parametrize("model_id", sorted(CARDS))
+def test_an_llm_reranker_by_its_id_alone_scores_as_its_model_card(
+    serve: Any, hub: Callable[[str, Builder], Path], model_id: str
+) -> None:
+    directory = hub(model_id, LAYOUTS[model_id])
+    card, true, false = CARDS[model_id]
+    expected, _ = reference(directory, [card(QUERY, d) for d in DOCUMENTS], true, false)
+    live = serve({"models": [{"name": "llm", "source": model_id}]})
+    with live.client() as client:
+        answer = client.post("/rerank", json={"model": "llm", "query": QUERY, "documents": DOCUMENTS})
+        assert answer.status_code == 200, answer.text
+        details = client.get("/v1/models/llm").json()["details"]
+    got = [r["relevance_score"] for r in sorted(answer.json()["results"], key=lambda r: r["index"])]
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    assert details["catalogue"] == model_id
+
+
+def test_without_the_record_the_same_files_are_refused_not_embedded(serve: Any, tmp_path: Path) -> None:
+    """The record is what makes the id serve: the same files by path are a bare causal LM."""
+    directory = tiny_qwen3_reranker(tmp_path / "qwen3")
+    live = serve({"models": [{"name": "llm", "source": str(directory)}]})
+    with live.client() as client:
+        answer = client.post("/rerank", json={"model": "llm", "query": QUERY, "documents": DOCUMENTS})
+        assert answer.status_code in (400, 503), answer.text
+
+
+def test_yaml_keys_override_the_record(serve: Any, hub: Callable[[str, Builder], Path]) -> None:
+    directory = hub("Qwen/Qwen3-Reranker-0.6B", tiny_qwen3_reranker)
+    instruction = "Find the passage about animals"
+    expected, _ = reference(directory, [qwen3_card(QUERY, d, instruction) for d in DOCUMENTS], "yes", "no")
+    live = serve({"models": [{"name": "llm", "source": "Qwen/Qwen3-Reranker-0.6B", "instruction": instruction}]})
+    with live.client() as client:
+        answer = client.post("/rerank", json={"model": "llm", "query": QUERY, "documents": DOCUMENTS})
+        assert answer.status_code == 200, answer.text
+    got = [r["relevance_score"] for r in sorted(answer.json()["results"], key=lambda r: r["index"])]
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_jina_v3_by_its_id_needs_trust_remote_code(serve: Any, hub: Callable[[str, Builder], Path]) -> None:
+    """Its layout names code of its own (auto_map): refused, naming the setting, never plain XLM-R."""
+    hub("jinaai/jina-embeddings-v3", tiny_remote_code_model)
+    live = serve({"models": [{"name": "jina", "source": "jinaai/jina-embeddings-v3"}]})
+    with live.client() as client:
+        answer = client.post("/v1/embeddings", json={"model": "jina", "input": ["a cat"]})
+        assert answer.status_code == 503, answer.text
+        assert "trust_remote_code: true" in answer.json()["error"]["message"]
+
+
+def test_the_catalogue_route_lists_every_record(serve: Any) -> None:
+    live = serve({"models": [{"name": "fake", "source": "fake", "kind": "fake"}]})
+    with live.client() as client:
+        answer = client.get("/v1/catalogue")
+    assert answer.status_code == 200, answer.text
+    listed = {record["id"]: record for record in answer.json()["data"]}
+    assert set(listed) == set(RECORDS)
+    assert listed["Qwen/Qwen3-Reranker-0.6B"]["template"] == "qwen3-reranker"
+    assert listed["lightonai/GTE-ModernColBERT-v1"]["document_length"] == 300

