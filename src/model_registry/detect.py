@@ -209,7 +209,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
     model_type = str(config.get("model_type", ""))
     architectures = tuple(str(a) for a in config.get("architectures") or ())
     decoder = model_type in _DECODER_TYPES
-    remote, notes = _code_origin(transformer_dir, config, modules, model_type, spec)
+    remote, notes = _code_origin((root, transformer_dir), config, modules, model_type, spec)
     if "pooling" not in found:
         found["pooling"] = "lasttoken" if decoder else "mean"
         found.setdefault("normalize", True)
@@ -242,7 +242,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
 
 
 def _code_origin(
-    root: Path, config: dict[str, Any], modules: Any, model_type: str, spec: ModelSpec
+    roots: tuple[Path, Path], config: dict[str, Any], modules: Any, model_type: str, spec: ModelSpec
 ) -> tuple[bool, dict[str, str]]:
     """Whether the checkpoint's own code runs, and the notes `/models` shows about it."""
     from model_registry.catalogue import match
@@ -252,9 +252,9 @@ def _code_origin(
     notes = {"catalogue": record.id} if record else {}
     types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
     classes = remote_classes(config, types)
-    port = native_port(model_type) if classes else None
-    if port is not None:
-        notes["code"] = f"transformers' native {model_type} port (the checkpoint's hub code is not run)"
+    if native_port(model_type) is not None:
+        unused = " (the checkpoint's hub code is not run)" if classes else ""
+        notes["code"] = f"transformers' native {model_type} port{unused}"
         return False, notes
     unsupported = [t for t in types if t in classes and not t.endswith(".Transformer")]
     if unsupported:
@@ -262,7 +262,7 @@ def _code_origin(
             f"modules.json names {', '.join(unsupported)}: this server runs sentence-transformers' own "
             "Pooling, Dense and Normalize modules, not a checkpoint's own"
         )
-    check_remote_code(root, classes, spec.trust_remote_code)
+    check_remote_code(roots, classes, spec.trust_remote_code)
     if classes:
         notes["code"] = f"the checkpoint's own code ({', '.join(classes[:3])}), trust_remote_code: true"
     return bool(classes), notes

@@ -28,7 +28,10 @@ from model_registry.types import Kind
 
 _CAUSAL_LM = ("ForCausalLM", "LMHeadModel")
 #: model_type -> transformers' native port of a family published with hub code.
-NATIVE_PORTS = {"nomic_bert": "transformers.models.nomic_bert"}
+NATIVE_PORTS = {
+    "nomic_bert": "transformers.models.nomic_bert",
+    "jina_embeddings_v3": "transformers.models.jina_embeddings_v3",
+}
 #: Libraries whose modules this server implements itself (PyLate's Dense in PyLate checkpoints).
 _LIBRARY_MODULES = ("sentence_transformers.", "pylate.")
 _PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length", "do_query_expansion")
@@ -105,18 +108,19 @@ def native_port(model_type: str) -> str | None:
         return None
 
 
-def check_remote_code(root: Path, classes: list[str], trusted: bool) -> None:
-    """Refuse code outside the libraries unless trusted and, offline, present here."""
+def check_remote_code(roots: Sequence[Path], classes: list[str], trusted: bool) -> None:
+    """Refuse code outside the libraries unless trusted and, offline, present in `roots` (the
+    model and its transformer directory) or the local hub cache."""
     if not classes:
         return
-    shown = ", ".join(classes[:3])
+    shown, root = ", ".join(classes[:3]), roots[0]
     if not trusted:
         raise ModelUnavailable(
             f"{root} names code outside transformers and sentence-transformers ({shown}): without it the model "
             "would run as another architecture, with weights missing or unused. Set `trust_remote_code: true` on "
             "the model to run that code (from the model directory or the local hub cache)"
         )
-    missing = [name for name in classes if _code_file(root, name) is None]
+    missing = [name for name in classes if all(_code_file(r, name) is None for r in roots)]
     if missing and _offline():
         raise ModelUnavailable(
             f"`trust_remote_code: true`, but the code of {', '.join(missing)} is neither in {root} nor in the "

@@ -137,15 +137,42 @@ def test_trusted_code_missing_offline_names_where_it_was_looked_for(
         assert "HF_HUB_OFFLINE" in message
 
 
-def test_a_family_with_a_native_port_runs_transformers_code_without_trust(tmp_path: Path) -> None:
-    """nomic-embed-text-v1.5 names hub code in auto_map; transformers' nomic_bert port serves it."""
+@pytest.mark.parametrize(
+    ("model_type", "architecture", "auto_map"),
+    [
+        ("nomic_bert", "NomicBertModel", "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel"),
+        ("jina_embeddings_v3", "JinaEmbeddingsV3Model", None),
+    ],
+)
+def test_a_family_with_a_native_port_runs_transformers_code_without_trust(
+    tmp_path: Path, model_type: str, architecture: str, auto_map: str | None
+) -> None:
+    """nomic-embed-text-v1.5 names hub code in auto_map, jina-embeddings-v3-hf none: transformers'
+    own port serves each, and /models says so."""
     from model_registry.config import ModelSpec
     from model_registry.detect import detect
 
-    hub_code = "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel"
-    config = {"model_type": "nomic_bert", "architectures": ["NomicBertModel"], "auto_map": {"AutoModel": hub_code}}
+    config: dict[str, Any] = {"model_type": model_type, "architectures": [architecture]}
+    if auto_map:
+        config["auto_map"] = {"AutoModel": auto_map}
     (tmp_path / "config.json").write_text(json.dumps(config))
     for trusted in (False, True):
-        layout = detect(tmp_path, ModelSpec(name="nomic", source=str(tmp_path), trust_remote_code=trusted))
+        layout = detect(tmp_path, ModelSpec(name="port", source=str(tmp_path), trust_remote_code=trusted))
         assert not layout.remote_code
-        assert "native nomic_bert port" in layout.notes["code"]
+        assert f"native {model_type} port" in layout.notes["code"]
+
+
+def test_trusted_code_of_another_repository_is_found_in_the_local_hub_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """jina-embeddings-v3's auto_map points into jinaai/xlm-roberta-flash-implementation: cached, it passes."""
+    from model_registry.detect_zoo import check_remote_code
+    from model_registry.errors import ModelUnavailable
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    reference = f"org/implementation--{CLASS}"
+    with pytest.raises(ModelUnavailable, match="HF_HUB_OFFLINE"):
+        check_remote_code([tmp_path], [reference], trusted=True)
+    snapshot = lay_out_cache(tmp_path / "cache", "org/implementation", "c0ffee")
+    (snapshot / "modeling_scaled.py").write_text(MODELING)
+    check_remote_code([tmp_path], [reference], trusted=True)
