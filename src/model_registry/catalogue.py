@@ -107,7 +107,6 @@ _RECORDS: tuple[Record, ...] = (
         "BAAI/bge-m3",
         "multi_output",
         {"kind": "multi_output"},
-        pooling="cls",
         max_length=8192,
         note="dense, sparse and ColBERT outputs from one forward pass (FlagEmbedding layout)",
     ),
@@ -155,7 +154,7 @@ _RECORDS: tuple[Record, ...] = (
         max_length=8192,
         remote_code=True,
         note="XLM-R with LoRA task adapters in hub code (auto_map, custom_st): needs trust_remote_code: true and "
-        "that code in the local cache; served without a task adapter",
+        "that code in the local cache; no task is passed to it",
     ),
     Record(
         "lightonai/GTE-ModernColBERT-v1",

@@ -88,3 +88,9 @@ def test_the_cli_lists_the_catalogue_and_the_records_configured_models_match(
     assert lines[0].endswith("catalogue=Qwen/Qwen3-Reranker-0.6B")
     assert "kind=reranker" in lines[0]
     assert lines[1].endswith("catalogue=-")
+
+
+def test_the_zoo_page_lists_every_record() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "text-zoo.md").read_text(encoding="utf-8")
+    missing = [model_id for model_id in RECORDS if f"`{model_id}`" not in page]
+    assert not missing, f"docs/text-zoo.md lacks the catalogue records {missing}"
