@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from model_registry.catalogue import RECORDS
+from tests.builders.catalogue import tiny_embeddinggemma, tiny_gte_modernbert, tiny_modernbert_embedder, tiny_nomic
 from tests.builders.hub import lay_out_cache
 from tests.builders.llm_rerankers import (
     tiny_gemma_reranker,
@@ -53,6 +55,10 @@ LAYOUTS: dict[str, Builder] = {
     "google/siglip2-base-patch16-224": tiny_siglip2,
     "google/siglip2-base-patch16-naflex": tiny_siglip2_naflex,
     "sentence-transformers/all-MiniLM-L6-v2": tiny_bert,
+    "google/embeddinggemma-300m": tiny_embeddinggemma,
+    "Alibaba-NLP/gte-modernbert-base": tiny_gte_modernbert,
+    "nomic-ai/modernbert-embed-base": tiny_modernbert_embedder,
+    "nomic-ai/nomic-embed-text-v1.5": tiny_nomic,
 }
 
 
@@ -145,3 +151,28 @@ def test_the_catalogue_route_lists_every_record(serve: Any) -> None:
     assert set(listed) == set(RECORDS)
     assert listed["Qwen/Qwen3-Reranker-0.6B"]["template"] == "qwen3-reranker"
     assert listed["lightonai/GTE-ModernColBERT-v1"]["document_length"] == 300
+
+
+def test_nomic_by_its_id_runs_transformers_native_port_and_says_so(
+    serve: Any, hub: Callable[[str, Builder], Path]
+) -> None:
+    """Its config names nomic's hub code; with no `trust_remote_code` transformers' port serves it."""
+    from transformers import AutoModel, AutoTokenizer
+
+    directory = hub("nomic-ai/nomic-embed-text-v1.5", LAYOUTS["nomic-ai/nomic-embed-text-v1.5"])
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModel.from_pretrained(str(directory)).eval()
+    texts = ["search_query: a cat on a mat", "search_query: the market fell"]
+    rows = []
+    with torch.inference_mode():
+        for text in texts:
+            pooled = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].mean(dim=0)
+            rows.append((pooled / pooled.norm()).numpy())
+    live = serve({"models": [{"name": "nomic", "source": "nomic-ai/nomic-embed-text-v1.5"}]})
+    with live.client() as client:
+        answer = client.post("/v1/embeddings", json={"model": "nomic", "input": texts})
+        assert answer.status_code == 200, answer.text
+        details = client.get("/v1/models/nomic").json()["details"]
+    np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], np.stack(rows), atol=1e-4)
+    assert "native nomic_bert port" in details["code"]
+    assert details["catalogue"] == "nomic-ai/nomic-embed-text-v1.5"
