@@ -22,6 +22,7 @@ import io
 import json
 import logging
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -99,6 +100,7 @@ def model_identity(spec: ModelSpec, adapter: object) -> str:
         directory = resolve_source(spec.source, revision=spec.revision)
     except ModelUnavailable:  # a model without files (the fake one): its settings are all it is
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    del settings["source"], settings["revision"]  # the files say what the model is, wherever they are
     digest = hashlib.sha256(artifact_key(directory, {}, settings).encode())
     weights = set(model_files(directory))
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p not in weights):
@@ -215,6 +217,7 @@ class Disk:
         self.directory, self.budget = directory, budget
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._files = sorted(directory.glob("*.npz"), key=lambda p: p.stat().st_mtime)
+        self._lock = threading.Lock()  # puts come from several models' threads
         self.used = sum(p.stat().st_size for p in self._files)
 
     def get(self, key: str) -> Entry | None:
@@ -239,6 +242,10 @@ class Disk:
         data = buffer.getvalue()
         if len(data) > self.budget or path.exists():
             return
+        with self._lock:
+            self._write(path, data)
+
+    def _write(self, path: Path, data: bytes) -> None:
         staging = path.with_suffix(f".{os.getpid()}.tmp")
         staging.write_bytes(data)
         os.replace(staging, path)  # readers see a whole file or none
