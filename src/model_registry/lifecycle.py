@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from model_registry import heap, memory
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
+from model_registry.backends import build_process
 from model_registry.config import RegistryConfig
 from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
 from model_registry.handles import DeviceUsage, EventKind, Lease, LifecycleEvent, ModelHandle
@@ -219,6 +220,7 @@ class Lifecycle:
         time a warm-up batch for admission (None when none could run)."""
         spec = handle.spec
         deadline = time.monotonic() + self.config.load_timeout
+        build_process.DEADLINE.set(deadline)  # an export still running then is killed, not left behind
         adapter = await self._off_loop(deadline, None, create_adapter, spec)
         handle.device = memory_device_of(spec)
         options = LoadOptions(

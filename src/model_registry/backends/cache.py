@@ -38,6 +38,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from model_registry.backends.build_process import BuildFailed
 from model_registry.errors import ModelUnavailable, RegistryError
 
 log = logging.getLogger(__name__)
@@ -291,9 +292,13 @@ def _build(place: Path, key: str, build: Callable[[Path], None], meta: Mapping[s
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(error, RegistryError) or not isinstance(error, Exception):
             raise
-        log.exception("building the %s artifact %s failed", place.name, final)
-        detail = redact(f"{type(error).__name__}: {error}", place.parent)
-        raise ModelUnavailable(f"building its {place.name} artifact failed: {detail}") from error
+        if isinstance(error, BuildFailed):  # its process logged the traceback; the message says how
+            log.error("building the %s artifact %s failed: %s", place.name, final, error)
+            detail = str(error)
+        else:
+            log.exception("building the %s artifact %s failed", place.name, final)
+            detail = f"{type(error).__name__}: {error}"
+        raise ModelUnavailable(f"building its {place.name} artifact failed: {redact(detail, place.parent)}") from error
     log.info("built %s artifact %s in %.1f s", place.name, final, time.monotonic() - started)
 
 

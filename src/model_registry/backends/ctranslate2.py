@@ -18,6 +18,7 @@ import ctranslate2
 import numpy as np
 import psutil
 
+from model_registry.backends import build_process
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.cache import artifact_key, cached, invalidate, load_failed, writable_root
 from model_registry.backends.threads import compute_slot, intra_op_threads, lanes, run_in_lanes
@@ -57,12 +58,23 @@ class _CheckedConverter(ctranslate2.converters.TransformersConverter):  # type: 
 
 
 def convert(directory: Path, staging: Path, trust_remote_code: bool, task: Task) -> None:
+    """`convert_here` in a child process (see `build_process`)."""
+    build_process.run(
+        f"{__name__}:convert_here",
+        directory=str(directory),
+        staging=str(staging),
+        trust_remote_code=trust_remote_code,
+        task=task,
+    )
+
+
+def convert_here(directory: str, staging: str, trust_remote_code: bool, task: Task) -> None:
     """CTranslate2's own converter; weights are stored in float32 and quantized at load time."""
     log.info("converting %s to CTranslate2 (once; later loads read the cache)", directory)
-    source = _with_converter_defaults(directory, staging / "source")
+    source = _with_converter_defaults(Path(directory), Path(staging) / "source")
     try:
         converter = _CheckedConverter(str(source), task, trust_remote_code=trust_remote_code)
-        converter.convert(str(staging / "model"), force=True)
+        converter.convert(str(Path(staging) / "model"), force=True)
     finally:
         shutil.rmtree(source, ignore_errors=True)
 
@@ -189,6 +201,7 @@ class Ct2Engine(Engine):
         encoder = self.encoder
 
         def forward(rows: slice) -> Any:
+            # CTranslate2 takes segment ids as nested lists only (a StorageView is a TypeError).
             # Segment ids go in as nested lists: the binding takes no StorageView for them.
             part_types = None if types is None else types[rows].tolist()
             output = encoder.forward_batch(

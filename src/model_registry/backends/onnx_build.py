@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from model_registry.backends import build_process
 from model_registry.backends.base import EngineOptions, Task
 from model_registry.backends.cache import artifact_key, cached, writable_root
 
@@ -54,10 +55,25 @@ def artifact_for(directory: Path, options: EngineOptions, fp16: bool) -> Path:
 
 
 def build_artifact(directory: Path, options: EngineOptions, fp16: bool, staging: Path) -> None:
+    """The artifact in `staging`, built by `build_here` in a child process (see `build_process`)."""
+    build_process.run(
+        f"{__name__}:build_here",
+        directory=str(directory),
+        staging=str(staging),
+        task=options.task,
+        quantize=options.quantize,
+        fp16=fp16,
+        trust_remote_code=options.trust_remote_code,
+    )
+
+
+def build_here(directory: str, staging: str, task: Task, quantize: str, fp16: bool, trust_remote_code: bool) -> None:
+    """Export (or copy the directory's own graph), optimize, then quantize, into `staging`."""
     from model_registry.backends.onnx_export import export
 
-    exported = staging / "exported.onnx"
-    own = directory / "onnx" / "model.onnx"
+    source, target = Path(directory), Path(staging)
+    exported = target / "exported.onnx"
+    own = source / "onnx" / "model.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporters' deprecation chatter is not the user's concern
         if own.is_file():
@@ -65,14 +81,14 @@ def build_artifact(directory: Path, options: EngineOptions, fp16: bool, staging:
 
             shutil.copyfile(own, exported)
         else:
-            export(directory, options.task, exported, trust_remote_code=options.trust_remote_code)
-        optimized = optimize(exported, staging / "optimized.onnx", fp16)
-        if options.quantize == "int8":
-            log.info("quantizing %s to int8 (dynamic, per channel, weight MatMuls)", directory)
-            quantize_int8(optimized, staging / "model.onnx")
+            export(source, task, exported, trust_remote_code=trust_remote_code)
+        optimized = optimize(exported, target / "optimized.onnx", fp16)
+        if quantize == "int8":
+            log.info("quantizing %s to int8 (dynamic, per channel, weight MatMuls)", source)
+            quantize_int8(optimized, target / "model.onnx")
         else:
-            optimized.rename(staging / "model.onnx")
-    for leftover in staging.glob("*.onnx"):
+            optimized.rename(target / "model.onnx")
+    for leftover in target.glob("*.onnx"):
         if leftover.name != "model.onnx":
             leftover.unlink()
 
