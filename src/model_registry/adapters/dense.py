@@ -195,6 +195,7 @@ class TextEncoder(Adapter):
         engine = {"backend": self.choice.backend, "reason": self.choice.reason}
         if self.engine is not None:
             engine.update(self.engine.describe())
+            engine.setdefault("attention", "padded")  # ONNX Runtime and CTranslate2 run padded batches
         return {**self.family_facts(), "engine": engine, **self.layout.notes}
 
     def family_facts(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from model_registry.backends import packed
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.threads import compute_slot, cores
 from model_registry.backends.weights import from_pretrained_checked
@@ -158,6 +159,8 @@ class TorchEngine(Engine):
         self.task: Task = "feature-extraction"
         self.torch_dtype = torch.float32
         self.decoder = False
+        self.kernel: packed.Kernel | None = None
+        self.attention_reason = ""
 
     def load(self, directory: Path, options: EngineOptions) -> None:
         import transformers
@@ -183,6 +186,17 @@ class TorchEngine(Engine):
         self.model = model.to(self.device).eval()
         self.config = self.model.config
         self.decoder = not hasattr(self.model, "classifier") and hasattr(self.model, "score")
+        kernel, self.attention_reason = packed.choose(
+            self.config, self.device, self.torch_dtype, self.task, self.decoder
+        )
+        if kernel is not None:
+            self.use_padding_free(kernel, self.attention_reason)
+
+    def use_padding_free(self, kernel: packed.Kernel, reason: str) -> None:
+        """Run this model's batches padding-free on `kernel` ('sdpa' computes the same attention as
+        'varlen' where that kernel is missing: a CPU, where the tests check the packing)."""
+        packed.switch(self.model)
+        self.kernel, self.attention_reason = kernel, reason
 
     def run(self, batch: EncoderBatch) -> EncoderOutput:
         ids = torch.from_numpy(batch.input_ids).to(self.device)
@@ -192,17 +206,27 @@ class TorchEngine(Engine):
             extra["token_type_ids"] = torch.from_numpy(batch.token_type_ids).to(self.device)
         with compute_slot(self.device), torch.inference_mode():
             if self.task == "feature-extraction":
-                return EncoderOutput(hidden=self.model(input_ids=ids, attention_mask=mask, **extra)[0])
+                return EncoderOutput(hidden=self._forward(self.model, ids, mask, extra))
             if self.task == "sequence-classification" and self.decoder:
                 return EncoderOutput(logits=self.model.score(self._last_states(ids, mask)))
             if self.task == "causal-lm":
                 return EncoderOutput(logits=self.model.get_output_embeddings()(self._last_states(ids, mask)))
+            if self.task == "masked-lm":
+                return EncoderOutput(logits=self._forward(self.model, ids, mask, extra))
             return EncoderOutput(logits=self.model(input_ids=ids, attention_mask=mask, **extra).logits)
+
+    def _forward(self, module: Any, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor]) -> Any:
+        """`module`'s first output, padded (B, L, ...), computed padding-free where chosen."""
+        if self.kernel is None:
+            return module(input_ids=ids, attention_mask=mask, **extra)[0]
+        start = packed.position_start(self.config)
+        assert start is not None, "This is a bug: a model of a family that is not packed runs padding-free"
+        return packed.packed_forward(module, ids, mask, extra, start, self.kernel)
 
     def _last_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The base model's hidden state at each row's last real token, left or right padded."""
         base = getattr(self.model, self.model.base_model_prefix)
-        states = base(input_ids=ids, attention_mask=mask).last_hidden_state
+        states = self._forward(base, ids, mask, {})
         length = mask.shape[1]
         values, from_end = mask.flip(1).max(dim=1)
         last = length - 1 - torch.where(values == 0, length - 1, from_end)
@@ -217,4 +241,9 @@ class TorchEngine(Engine):
         self.model = None
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "torch", "decoder": self.decoder}
+        return {
+            "engine": "torch",
+            "decoder": self.decoder,
+            "attention": "padded" if self.kernel is None else "padding_free",
+            "attention_reason": self.attention_reason,
+        }

@@ -1,0 +1,244 @@
+"""Padding-free batches for the torch engine: a batch's sequences concatenated into one row.
+
+A padded batch of B rows of L tokens becomes one row of the T real tokens, with the offsets of
+each sequence (`cu_seqlens`, B + 1 of them) and positions that restart at every sequence. The
+model's own layers run on that row; its attention goes through `attention`, registered with
+transformers' `AttentionInterface` under `ATTENTION`, which keeps every token inside its own
+sequence: `torch.nn.attention.varlen.varlen_attn` on CUDA (nothing computed for padding), or, where
+that kernel is missing, SDPA over the whole row with a block-diagonal mask (the same attention,
+used to test the packing on a CPU). The outputs are scattered back to the padded layout, so the
+adapters' pooling and heads see the tensors the padded path gives them.
+
+Outside `packed_forward` a model switched to `ATTENTION` runs exactly as it does on SDPA.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+ATTENTION = "padding_free"
+Kernel = Literal["varlen", "sdpa"]
+
+#: model_type -> where its positions start (None: the model's pad token id + 1, as RoBERTa's
+#: absolute positions do).
+_POSITION_START: dict[str, int | None] = {
+    "bert": 0,
+    "modernbert": 0,
+    "qwen2": 0,
+    "qwen3": 0,
+    "gemma3_text": 0,
+    "xlm-roberta": None,
+    "roberta": None,
+}
+
+
+@dataclass(frozen=True)
+class Packing:
+    """One packed batch: `keep` (B, L) marks the real tokens of the padded batch, in the order
+    they were packed; `cu_seqlens` (B + 1,) int32 offsets; `segments` (T,) the row of each token."""
+
+    keep: torch.Tensor
+    cu_seqlens: torch.Tensor
+    segments: torch.Tensor
+    max_length: int
+    kernel: Kernel
+    masks: dict[tuple[bool, int | None], torch.Tensor] = field(default_factory=dict)
+
+
+_active: contextvars.ContextVar[Packing | None] = contextvars.ContextVar("packing", default=None)
+
+
+def position_start(config: Any) -> int | None:
+    """Where a packable family's positions start; None for a family that is not packed."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _POSITION_START:
+        return None
+    start = _POSITION_START[model_type]
+    return int(config.pad_token_id) + 1 if start is None else start
+
+
+def supported_families() -> list[str]:
+    return sorted(_POSITION_START)
+
+
+def varlen_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pack(mask: torch.Tensor, kernel: Kernel) -> Packing:
+    """The packing of a padded batch whose real tokens `mask` (B, L) marks, left or right padded."""
+    keep = mask.bool()
+    lengths = keep.sum(dim=1)
+    cu_seqlens = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=mask.device)
+    cu_seqlens[1:] = lengths.cumsum(0)
+    rows = torch.arange(lengths.shape[0], device=mask.device)
+    segments = rows.repeat_interleave(lengths)
+    return Packing(keep, cu_seqlens, segments, int(lengths.max().item()) if len(lengths) else 0, kernel)
+
+
+def positions(packing: Packing, start: int) -> torch.Tensor:
+    """(1, T) position ids that restart at `start` for every sequence."""
+    total = packing.segments.shape[0]
+    first = packing.cu_seqlens[:-1].long()[packing.segments]
+    return (torch.arange(total, device=first.device) - first + start).unsqueeze(0)
+
+
+def flatten(values: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """(B, L) padded ids -> (1, T) of the real tokens."""
+    return values[packing.keep].unsqueeze(0)
+
+
+def unpack(packed: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """(1, T, X) -> (B, L, X), zeros at the padding."""
+    batch, length = packing.keep.shape
+    out = packed.new_zeros((batch, length, packed.shape[-1]))
+    out[packing.keep] = packed[0]
+    return out
+
+
+def packed_forward(
+    module: Any, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor], start: int, kernel: Kernel
+) -> torch.Tensor:
+    """`module`'s first output for a padded batch, computed on its real tokens alone and given back
+    padded: (B, L, X), zeros at the padding. `module` must run on `ATTENTION` (`switch`)."""
+    packing = pack(mask, kernel)
+    inputs = {name: flatten(value, packing) for name, value in extra.items()}
+    with _activated(packing):
+        output = module(input_ids=flatten(ids, packing), position_ids=positions(packing, start), **inputs)
+    return unpack(output[0], packing)
+
+
+@contextmanager
+def _activated(packing: Packing) -> Iterator[None]:
+    token = _active.set(packing)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def switch(model: Any) -> None:
+    """Run `model`'s attention through `attention` (registered once per process)."""
+    _register()
+    model.set_attn_implementation(ATTENTION)
+
+
+@functools.cache
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, attention)
+    AttentionMaskInterface.register(ATTENTION, attention_mask)
+
+
+def attention_mask(**kwargs: Any) -> Any:
+    """No mask for a packed batch (`attention` keeps sequences apart); SDPA's mask otherwise."""
+    if _active.get() is not None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(**kwargs)
+
+
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: (1, heads, T, dim) in, (1, T, heads, dim) out.
+
+    `sliding_window` follows transformers' flash-attention convention: a token sees the tokens
+    less than `sliding_window` away (and only earlier ones in a causal model)."""
+    packing = _active.get()
+    if packing is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    if softcap is not None:
+        raise RuntimeError("This is a bug: a model with attention soft-capping was packed")
+    causal = bool(getattr(module, "is_causal", False))
+    gqa = query.shape[1] != key.shape[1]
+    if packing.kernel == "varlen":
+        return _varlen(packing, query, key, value, scaling, causal, sliding_window, gqa), None
+    mask = _block_mask(packing, causal, sliding_window)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _varlen(
+    packing: Packing,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+    causal: bool,
+    window: int | None,
+    gqa: bool,
+) -> torch.Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    left = -1 if window is None else window - 1
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    cu, longest = packing.cu_seqlens, packing.max_length
+    out = varlen_attn(
+        q, k, v, cu, cu, longest, longest, scale=scaling, window_size=(left, 0 if causal else left), enable_gqa=gqa
+    )
+    assert isinstance(out, torch.Tensor)
+    return out.unsqueeze(0)
+
+
+def _block_mask(packing: Packing, causal: bool, window: int | None) -> torch.Tensor:
+    """(1, 1, T, T): a token sees its own sequence's tokens (earlier ones if causal, within the
+    window if any); built once per batch for each kind of layer."""
+    found = packing.masks.get((causal, window))
+    if found is not None:
+        return found
+    segments = packing.segments
+    mask = segments.unsqueeze(1) == segments.unsqueeze(0)
+    index = torch.arange(segments.shape[0], device=segments.device)
+    distance = index.unsqueeze(1) - index.unsqueeze(0)
+    if causal:
+        mask &= distance >= 0
+    if window is not None:
+        mask &= distance.abs() < window
+    packing.masks[(causal, window)] = mask = mask[None, None]
+    return mask
+
+
+def choose(config: Any, device: str, dtype: torch.dtype, task: str, decoder: bool) -> tuple[Kernel | None, str]:
+    """The kernel a model's batches run padding-free on, or None (padded), and why."""
+    model_type = getattr(config, "model_type", None)
+    if position_start(config) is None:
+        return None, f"model type '{model_type}' is not packed (packed: {', '.join(supported_families())})"
+    if task == "sequence-classification" and not decoder:
+        return None, "the classifier head pools inside the model, over padded rows"
+    if not device.startswith("cuda"):
+        return None, "no variable-length attention kernel on this device; padded SDPA"
+    if not varlen_available():
+        return None, "this torch has no torch.nn.attention.varlen"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return None, f"variable-length attention runs in float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
+    return "varlen", "variable-length attention on concatenated sequences (torch varlen_attn)"

@@ -1,0 +1,188 @@
+"""Padding-free batches on the torch engine: every packed family against the padded path on the
+same weights (fp32, 1e-4), batched against single, the per-device choice as `/v1/models` shows it,
+and, on a CUDA device, the varlen kernel in float16 against float32 padded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from model_registry.adapters import Adapter
+from model_registry.backends import packed
+from model_registry.backends.torch import TorchEngine
+from model_registry.types import EmbedItem, Item, Output, PairItem, Text
+from tests.builders.embedders import tiny_gemma3, tiny_modernbert, tiny_qwen3, tiny_xlmr
+from tests.builders.text import tiny_bert, tiny_qwen2
+from tests.builders.zoo import tiny_bge_m3, tiny_colbert, tiny_llm_reranker, tiny_masked_lm
+from tests.engines.helpers import TEXTS, arrays, load, max_difference, run
+
+TOLERANCE = 1e-4
+#: Long enough that the batch's tokens outnumber the models' positions (128): positions restart.
+LONG = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 4)
+ALL_OUTPUTS = frozenset(Output)
+
+
+def embeds(outputs: frozenset[Output] = frozenset({Output.DENSE})) -> list[Item]:
+    return [EmbedItem(Text(t), outputs=outputs) for t in [*TEXTS, LONG, "a b"]]
+
+
+def pairs() -> list[Item]:
+    return [PairItem(TEXTS[0], t) for t in [*TEXTS, LONG]]
+
+
+#: family -> (builder, kind, items)
+FAMILIES: dict[str, tuple[Callable[[Path], Path], str, Callable[[], list[Item]]]] = {
+    "bert": (tiny_bert, "auto", embeds),
+    "xlm-r": (tiny_xlmr, "auto", embeds),
+    "modernbert": (tiny_modernbert, "auto", embeds),
+    "qwen3-last-token-left-padded": (tiny_qwen3, "auto", embeds),
+    "qwen2-last-token-left-padded": (tiny_qwen2, "auto", embeds),
+    "qwen2-reranker": (tiny_llm_reranker, "reranker", pairs),
+    "gemma3-bidirectional": (tiny_gemma3, "auto", embeds),
+    "splade": (tiny_masked_lm, "sparse", lambda: embeds(frozenset({Output.SPARSE}))),
+    "colbert": (tiny_colbert, "auto", lambda: embeds(frozenset({Output.MULTIVECTOR}))),
+    "bge-m3": (tiny_bge_m3, "auto", lambda: embeds(ALL_OUTPUTS)),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("packed")
+    return {family: build(root / family) for family, (build, _, _) in FAMILIES.items()}
+
+
+@pytest.fixture
+def packs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of sequences in each batch packed while the test runs."""
+    seen: list[int] = []
+    original = packed.pack
+
+    def counting(mask: torch.Tensor, kernel: packed.Kernel) -> packed.Packing:
+        seen.append(int(mask.shape[0]))
+        return original(mask, kernel)
+
+    monkeypatch.setattr(packed, "pack", counting)
+    return seen
+
+
+def engine_of(adapter: Adapter) -> TorchEngine:
+    engine = getattr(adapter, "engine", None)
+    assert isinstance(engine, TorchEngine)
+    return engine
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_padding_free_equals_padded(family: str, models: dict[str, Path], tmp_path: Path, packs: list[int]) -> None:
+    _, kind, make_items = FAMILIES[family]
+    items = make_items()
+    adapter = load(models[family], "torch", tmp_path, kind=kind)
+    engine = engine_of(adapter)
+    assert engine.describe()["attention"] == "padded"  # the CPU default
+    padded = run(adapter, items)
+    assert packs == []
+    engine.use_padding_free("sdpa", "block-diagonal SDPA, as varlen computes it")
+    together = run(adapter, items)
+    assert packs == [len(items)]
+    assert engine.describe()["attention"] == "padding_free"
+    assert max_difference(padded, together) <= TOLERANCE
+    alone = [run(adapter, [item])[0] for item in items]
+    assert max_difference(together, alone) <= TOLERANCE
+
+
+def test_the_block_mask_keeps_sequences_apart(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the parity above rests on: without the mask, packed sequences see each other."""
+    adapter = load(models["bert"], "torch", tmp_path)
+    engine_of(adapter).use_padding_free("sdpa", "test")
+    items = embeds()
+    reference = run(adapter, items)
+    everything = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+    monkeypatch.setattr(packed, "_block_mask", lambda packing, causal, window: everything)
+    mixed = run(adapter, items)
+    assert max_difference(reference, mixed) > 10 * TOLERANCE
+
+
+def test_packing_of_a_left_and_right_padded_batch() -> None:
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 0, 0]])
+    packing = packed.pack(mask, "sdpa")
+    assert packing.cu_seqlens.tolist() == [0, 2, 5, 6]
+    assert packing.max_length == 3
+    assert packed.positions(packing, 2).tolist() == [[2, 3, 2, 3, 4, 2]]
+    ids = torch.tensor([[0, 7, 8], [1, 2, 3], [9, 0, 0]])
+    assert packed.flatten(ids, packing).tolist() == [[7, 8, 1, 2, 3, 9]]
+    states = packed.unpack(packed.flatten(ids, packing).unsqueeze(-1).float(), packing)
+    assert states[..., 0].tolist() == [[0, 7, 8], [1, 2, 3], [9, 0, 0]]
+
+
+def config(model_type: str, pad: int = 1) -> Any:
+    return SimpleNamespace(model_type=model_type, pad_token_id=pad)
+
+
+def test_positions_start_where_each_family_starts_them() -> None:
+    assert packed.position_start(config("bert")) == 0
+    assert packed.position_start(config("xlm-roberta", pad=1)) == 2
+    assert packed.position_start(config("qwen3")) == 0
+    assert packed.position_start(config("mpnet")) is None
+
+
+@pytest.mark.parametrize(
+    ("model_type", "device", "dtype", "task", "decoder", "reason"),
+    [
+        ("mpnet", "cuda", torch.float16, "feature-extraction", False, "model type 'mpnet' is not packed"),
+        ("bert", "cuda", torch.float16, "sequence-classification", False, "classifier head pools inside"),
+        ("bert", "cpu", torch.float32, "feature-extraction", False, "no variable-length attention kernel"),
+        ("bert", "cuda", torch.float32, "feature-extraction", False, "float16 or bfloat16, not float32"),
+    ],
+)
+def test_padded_where_a_family_device_or_dtype_cannot_pack(
+    model_type: str, device: str, dtype: torch.dtype, task: str, decoder: bool, reason: str
+) -> None:
+    kernel, why = packed.choose(config(model_type), device, dtype, task, decoder)
+    assert kernel is None
+    assert reason in why
+
+
+def test_a_decoder_reranker_and_cuda_half_pack() -> None:
+    assert packed.choose(config("qwen2"), "cuda", torch.float16, "sequence-classification", True)[0] == "varlen"
+    assert packed.choose(config("gemma3_text"), "cuda:0", torch.bfloat16, "feature-extraction", False)[0] == "varlen"
+
+
+def test_models_shows_the_attention_path(serve: Any, models: dict[str, Path]) -> None:
+    model = {"name": "bert", "source": str(models["bert"]), "device": "cpu", "backend": "torch"}
+    server = serve({"models": [model]})
+    with server.client() as client:
+        assert client.post("/v1/embeddings", json={"model": "bert", "input": ["a"]}).status_code == 200
+        listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    engine = listed["bert"]["details"]["engine"]
+    assert engine["attention"] == "padded"
+    assert "no variable-length attention kernel" in engine["attention_reason"]
+
+
+def cosines(left: list[Any], right: list[Any]) -> list[float]:
+    found = []
+    for a, b in zip(left, right, strict=True):
+        for x, y in zip(arrays(a), arrays(b), strict=True):
+            x, y = x.ravel(), y.ravel()
+            found.append(float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y))))
+    return found
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "family", ["bert", "xlm-r", "modernbert", "qwen3-last-token-left-padded", "gemma3-bidirectional"]
+)
+def test_varlen_in_half_precision_matches_padded_float32(family: str, models: dict[str, Path], tmp_path: Path) -> None:
+    _, kind, make_items = FAMILIES[family]
+    items = make_items()
+    reference = run(load(models[family], "torch", tmp_path, kind=kind, device="cpu", dtype="float32"), items)
+    adapter = load(models[family], "torch", tmp_path, kind=kind, device="cuda", dtype="float16")
+    assert engine_of(adapter).describe()["attention"] == "padding_free"
+    assert min(cosines(reference, run(adapter, items))) >= 0.999
