@@ -17,7 +17,7 @@ import numpy as np
 
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.scoring import cosine, maxsim, sparse_dot
-from model_registry.types import Capability, Embedding, Labels, Output, Result, Score
+from model_registry.types import Capability, Embedding, Labels, Output, Result, Results, Score
 
 CROSS_ENCODER = "cross-encoder"
 MAXSIM = "maxsim"
@@ -252,3 +252,27 @@ def check_pairs(pairs: object, limit: int, max_chars: int) -> list[tuple[str, st
 def embedding_pair_scores(method: str, pairs: Sequence[tuple[str, str]], embedded: dict[str, Result]) -> list[float]:
     """Each pair's score from the embeddings of its two texts (cosine, MaxSim or sparse dot)."""
     return [embedding_scores(method, embedded[a], [embedded[b]], mean_maxsim=False)[0] for a, b in pairs]
+
+
+def hybrid_outputs(weights: Mapping[Output, float], every: bool) -> frozenset[Output]:
+    """The outputs a hybrid rerank embeds: those weighed, or all the model has when parts are shown."""
+    return frozenset(o for o, w in weights.items() if w != 0 or every) or frozenset({Output.DENSE})
+
+
+def embedding_ranking(
+    documents: Sequence[str],
+    results: Results,
+    method: str,
+    hybrid: Mapping[Output, float] | None,
+    top_n: int | None,
+    mean_maxsim: bool,
+    return_parts: bool,
+) -> Ranking:
+    """The ranking of embedded documents (`results`: the query, then each document) by `method`,
+    or by the weighted sum of their parts when `hybrid` weights are given."""
+    query, embedded = results.items[0], results.items[1:]
+    if hybrid is None:
+        scores = embedding_scores(method, query, embedded, mean_maxsim=mean_maxsim)
+        return ranking(documents, scores, top_n, method, results.tokens)
+    fused, parts = hybrid_scores(hybrid, query, embedded, mean_maxsim=mean_maxsim)
+    return ranking(documents, fused, top_n, HYBRID, results.tokens, parts if return_parts else None)

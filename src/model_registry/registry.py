@@ -31,7 +31,6 @@ from model_registry.handles import DeviceUsage, LifecycleEvent, ModelHandle
 from model_registry.lifecycle import Lifecycle
 from model_registry.ranking import (
     CROSS_ENCODER,
-    HYBRID,
     Classification,
     PairScores,
     Ranking,
@@ -39,8 +38,8 @@ from model_registry.ranking import (
     check_rerank_input,
     classification,
     embedding_pair_scores,
-    embedding_scores,
-    hybrid_scores,
+    embedding_ranking,
+    hybrid_outputs,
     hybrid_weights,
     method_output,
     pair_scores,
@@ -79,11 +78,6 @@ def _enqueue(queue: BatchQueue, request: Request) -> None:
         queue.put(request)
     except Exception as error:
         request.fail(error)
-
-
-def _hybrid_outputs(weights: Mapping[Output, float], every: bool) -> frozenset[Output]:
-    """The outputs a hybrid rerank embeds: those weighed, or all the model has when parts are shown."""
-    return frozenset(o for o, w in weights.items() if w != 0 or every) or frozenset({Output.DENSE})
 
 
 class Registry:
@@ -506,24 +500,17 @@ class Registry:
             pairs = [PairItem(query, d, cut, instruction) for d in scored]
             results = await self.run(model, pairs, priority=priority, timeout=timeout)
             return ranking(docs, pair_scores(results.items, raw_scores), top_n, method, results.tokens)
-        wanted = frozenset({method_output(method)}) if hybrid is None else _hybrid_outputs(hybrid, return_parts)
+        wanted = frozenset({method_output(method)}) if hybrid is None else hybrid_outputs(hybrid, return_parts)
         prompts = adapter.prompts
         left = self._left(adapter, model, truncation_direction)
         query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut, left)
         doc_prompt = prompts.get("document", prompts.get("passage", ""))
         items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut, left) for d in scored)]
         results = await self.run(model, items, priority=priority, timeout=timeout)
-        # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it.
-        mean = adapter.kind == Kind.MULTI_OUTPUT
-        if hybrid is None:
-            scores = await asyncio.to_thread(
-                embedding_scores, method, results.items[0], results.items[1:], mean_maxsim=mean
-            )
-            return ranking(docs, scores, top_n, method, results.tokens)
-        fused, parts = await asyncio.to_thread(
-            hybrid_scores, hybrid, results.items[0], results.items[1:], mean_maxsim=mean
-        )
-        return ranking(docs, fused, top_n, HYBRID, results.tokens, parts if return_parts else None)
+        # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it. Off the event loop: MaxSim
+        # over many documents is real compute.
+        mean, parts = adapter.kind == Kind.MULTI_OUTPUT, return_parts
+        return await asyncio.to_thread(embedding_ranking, docs, results, method, hybrid, top_n, mean, parts)
 
     async def classify(
         self,
