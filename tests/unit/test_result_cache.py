@@ -192,3 +192,15 @@ def test_entries_are_sized_by_their_arrays() -> None:
     small: Entry = entry(Embedding(dense=np.zeros(10, dtype=np.float32)), 1)
     large: Entry = entry(Embedding(dense=np.zeros(1000, dtype=np.float32)), 1)
     assert large.size - small.size == 990 * 4
+
+
+async def test_rerank_shares_the_cache_with_embeddings() -> None:
+    async with Registry.from_config({"models": [cached_fake()]}) as registry:
+        adapter = traffic_only(registry, "fake")
+        await registry.embed("fake", ["first document"], role="document")
+        with recording() as lookups:
+            ranked = await registry.rerank("fake", "a query", ["first document", "second document"])
+            again = await registry.rerank("fake", "a query", ["second document", "first document"])
+        assert [(x.hits, x.misses) for x in lookups] == [(1, 2), (3, 0)]
+        assert sum(adapter.batches) == 3
+        assert {r.document: r.score for r in ranked.results} == {r.document: r.score for r in again.results}
