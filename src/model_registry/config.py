@@ -161,6 +161,8 @@ class RegistryConfig(_Frozen):
     room_wait: float = Field(default=2.0, ge=0)
     max_inputs_per_request: int = Field(default=2048, ge=1)
     max_input_chars: int = Field(default=100_000, ge=1)
+    #: Items a request may become once `long_inputs: "chunk"` windows its long texts.
+    max_chunks_per_request: int = Field(default=256, ge=1)
     prepare_threads: int = Field(default=2, ge=1, le=64)
     small_request_items: int = Field(default=8, ge=0)
     max_image_pixels: int = Field(default=40_000_000, ge=1)

@@ -29,6 +29,8 @@ from model_registry.errors import (
 )
 from model_registry.handles import DeviceUsage, LifecycleEvent, ModelHandle
 from model_registry.lifecycle import Lifecycle
+from model_registry.long_inputs import MODES as LONG_INPUT_MODES
+from model_registry.long_inputs import Plan, merge, plan_chunks
 from model_registry.ranking import (
     CROSS_ENCODER,
     Classification,
@@ -248,6 +250,7 @@ class Registry:
         output_limit: OutputLimit | None = None,
         priority: int | None = None,
         timeout: float | None = None,
+        long_inputs: str = "error",
     ) -> Results:
         """Embed texts (or token-id lists, or media) with `model`; one result per input, in order.
 
@@ -257,6 +260,8 @@ class Registry:
         `max_tokens` lowers the model's token limit for this request's texts, special tokens and
         prompt included (dense, sparse, BGE-M3): longer ones are cut, or refused without truncation.
         `output_limit` refuses (400), before any work, a request whose answer may be larger.
+        `long_inputs` "chunk" embeds a text too long to take whole, when not truncated, as the
+        pooled vectors of its overlapping windows (`long_inputs`); "error" refuses it (400).
         """
         handle = self._handle(model)
         contents = self._contents(inputs)
@@ -275,10 +280,37 @@ class Registry:
                 )
             self._text_tokenizer(adapter, model).cap(max_tokens)  # a limit too small for any text: 400 now
         left = self._left(adapter, model, truncation_direction)
+        plan = None if cut else self._chunk_plan(adapter, model, contents, wanted, text_prompt, max_tokens, long_inputs)
+        if plan is not None:
+            contents = list(plan.contents)
         items = [EmbedItem(c, wanted, text_prompt, is_query, cut, left, max_tokens) for c in contents]
         if output_limit is not None:
             output_limit.check(items, adapter.max_length, adapter.dimensions)
-        return await self.run(model, items, priority=priority, timeout=timeout)
+        results = await self.run(model, items, priority=priority, timeout=timeout)
+        return results if plan is None else merge(results, plan, adapter.describe().get("normalize") is True)
+
+    def _chunk_plan(
+        self,
+        adapter: Adapter,
+        model: str,
+        contents: Sequence[Content],
+        wanted: frozenset[Output],
+        prompt: str,
+        max_tokens: int | None,
+        mode: str,
+    ) -> Plan | None:
+        """The windows of a request's over-long texts under `long_inputs: "chunk"`; None otherwise."""
+        if mode not in LONG_INPUT_MODES:
+            raise InvalidInput(
+                f"long_inputs is '{mode}'; use one of {', '.join(LONG_INPUT_MODES)}", param="long_inputs"
+            )
+        if mode == "error":
+            return None
+        if wanted != {Output.DENSE}:
+            raise UnsupportedOperation("long_inputs 'chunk' pools dense vectors only", param="long_inputs")
+        tokenizer = self._text_tokenizer(adapter, model)
+        cap = tokenizer.cap(max_tokens)
+        return plan_chunks(contents, tokenizer, prompt, cap, self.config.max_chunks_per_request)
 
     async def run(
         self, model: str, items: Sequence[Item], *, priority: int | None = None, timeout: float | None = None

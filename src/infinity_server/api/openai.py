@@ -64,7 +64,14 @@ async def _embeddings(request: Request, body: EmbeddingRequest) -> Response:
     registry = registry_of(request)
     async with engine_inputs(request, body.model, body.modality, body.inputs(), body.media_inputs) as inputs:
         options = body.truncation(body.truncate)
-        work = registry.embed(body.model, inputs, prompt_name=body.prompt_name, priority=body.priority, **options)
+        work = registry.embed(
+            body.model,
+            inputs,
+            prompt_name=body.prompt_name,
+            priority=body.priority,
+            long_inputs=body.long_inputs,
+            **options,
+        )
         results = await until_disconnected(request, work)
 
     return await vectors_response(

@@ -102,6 +102,7 @@ async def _embed_with(
         truncation_direction=_direction(body),
         output_limit=limit,
         priority=body.priority,
+        long_inputs=body.long_inputs,
     )
     return await until_disconnected(request, work)
 

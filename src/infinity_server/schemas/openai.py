@@ -33,6 +33,8 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit):
     # Extensions.
     prompt_name: StrictStr | None = None
     embedding_type: EmbeddingType = "float32"
+    # An input longer than the model's length without truncation: refused, or windowed and pooled.
+    long_inputs: Literal["error", "chunk"] = "error"
 
     def inputs(self) -> list[str] | list[list[int]]:
         """The input as a list of texts or a list of token-id lists."""

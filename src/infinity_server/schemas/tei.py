@@ -26,6 +26,8 @@ class TeiEmbedRequest(TeiOptions):
     normalize: StrictBool = True
     prompt_name: StrictStr | None = None
     dimensions: Dimensions = None
+    # An input longer than the model's length without truncation: refused, or windowed and pooled.
+    long_inputs: Literal["error", "chunk"] = "error"
 
 
 PredictSequence = Annotated[list[StrictStr], Field(min_length=1, max_length=2)]

@@ -198,6 +198,11 @@ class TextTokenizer:
                 encoded[i] = self._cut_to(full, cap, left=side, keep=keep[i] if i < len(keep) else 0)
         return encoded
 
+    @property
+    def specials_around(self) -> tuple[int, int]:
+        """How many special tokens the tokenizer puts before and after a text."""
+        return self._leading, self._specials - self._leading
+
     def cap(self, limit: int | None) -> int:
         """A request's token limit within the model's; fewer tokens than the special tokens leave
         no room for text and are `InvalidInput`."""

