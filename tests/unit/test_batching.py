@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from queue import SimpleQueue
 from typing import Any
 
 import pytest
 
-from model_registry.batching import BatchQueue, Request
+from model_registry.batching import Batch, BatchQueue, Request
 from model_registry.errors import DeadlineExceeded, ModelUnavailable, Overloaded
 from model_registry.types import Prepared
 
@@ -249,3 +252,83 @@ def test_the_sort_window_spans_sixteen_batches_so_lengths_group_across_requests(
     assert batch is not None
     assert [e.prepared.cost for e in batch.entries] == [1] * 51
     assert batch.cost == 51
+
+
+# ---- the waiting side, driven from a second thread ---------------------------------------------
+
+WAIT = 5.0
+
+
+def waiting(queue: BatchQueue, **kwargs: Any) -> Callable[[], Batch | None]:
+    """Call `queue.next_batch(**kwargs)` on another thread; the returned function waits for its
+    answer (failing the test if none comes within `WAIT`)."""
+    answers: SimpleQueue[Batch | None] = SimpleQueue()
+    worker = threading.Thread(target=lambda: answers.put(queue.next_batch(**kwargs)), daemon=True)
+    worker.start()
+
+    def answer() -> Batch | None:
+        worker.join(WAIT)
+        assert not worker.is_alive(), "next_batch did not return"
+        return answers.get_nowait()
+
+    return answer
+
+
+def test_a_waiting_next_batch_returns_work_put_from_another_thread() -> None:
+    queue = make_queue()
+    answer = waiting(queue, timeout=60.0)
+    put = request([5, 5])
+    queue.put(put)
+    batch = answer()
+    assert batch is not None
+    assert {e.request for e in batch.entries} == {put}
+    assert queue.depth == 0
+
+
+def test_wake_ends_a_wait_whose_condition_came_true() -> None:
+    queue = make_queue()
+    stop = threading.Event()
+    answer = waiting(queue, timeout=60.0, until=stop.is_set)
+    stop.set()
+    queue.wake()
+    assert answer() is None
+
+
+def test_close_ends_a_wait_and_hands_back_the_waiting_requests() -> None:
+    queue = make_queue()
+    answer = waiting(queue, timeout=60.0, until=lambda: False)
+    assert queue.close() == []
+    assert answer() is None
+    with pytest.raises(ModelUnavailable):
+        queue.put(request([5]))
+
+
+def test_close_returns_the_requests_still_waiting() -> None:
+    queue = make_queue()
+    first, second = request([5]), request([5, 5])
+    queue.put(first)
+    queue.put(second)
+    assert queue.close() == [first, second]
+    assert (queue.depth, queue.pending_cost) == (0, 0)
+    assert queue.next_batch(timeout=0) is None
+
+
+def test_on_put_is_called_once_per_put_that_queued_work() -> None:
+    queue = make_queue()
+    depths: list[int] = []
+    queue.on_put = lambda: depths.append(queue.depth)
+    queue.put(request([5, 5]))
+    queue.put(request([]))
+    queue.put(request([5]))
+    assert depths == [2, 3]  # called after the items are counted, so a reader sees them
+
+
+def test_the_measured_rate_sets_the_retry_hint_of_a_full_queue() -> None:
+    queue = make_queue(max_items=4)
+    queue.put(request([50, 50, 50, 50]))
+    queue.record(10, 0.5)  # 20 cost per second
+    queue.record(10, 0.25)  # 40: smoothed to 0.8 * 20 + 0.2 * 40 = 24
+    assert queue.rate == pytest.approx(24.0)
+    with pytest.raises(Overloaded) as raised:
+        queue.put(request([1]))
+    assert raised.value.retry_after == 9.0  # 200 cost waiting at 24 per second, rounded up
