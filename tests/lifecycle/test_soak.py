@@ -16,7 +16,8 @@ from benchmarks.soak import RssSampler, SoakResult, drive, soak_models
 from model_registry import ModelState
 from model_registry.handles import EventKind
 
-pytestmark = pytest.mark.integration
+# 2,000 requests over HTTP in all: seconds, not the milliseconds of a unit test.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MIB = 2**20
 MODEL_MIB = 16
