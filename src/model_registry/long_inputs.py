@@ -4,20 +4,24 @@
 an eighth of it; each window is one more item of the request (priced, admitted and batched as
 any other), and the input's vector is the token-weighted mean of its windows' vectors,
 renormalised when the model normalises (as vLLM's chunked processing pools).
+
+`long_inputs: "late"` (late chunking) reads a text up to the model's full length in one pass and
+pools each span's tokens (the client's character spans, or its sentences) to a vector of its own.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from model_registry.adapters.text import TextTokenizer
-from model_registry.errors import InvalidInput
-from model_registry.types import Content, Embedding, Result, Results, Text, TokenIds
+from model_registry.errors import InputTooLong, InvalidInput
+from model_registry.types import Content, Embedding, Result, Results, Text, Token, TokenIds
 
-MODES = ("error", "chunk")
+MODES = ("error", "chunk", "late")
 #: The share of a window's text tokens that the next window reads again.
 OVERLAP = 1 / 8
 
@@ -117,3 +121,74 @@ def _dense(result: Result) -> np.ndarray:
     if not isinstance(result, Embedding) or result.dense is None:
         raise AssertionError("This is a bug: a chunked input's window has no dense vector")
     return result.dense
+
+
+Span = tuple[int, int]
+#: A sentence: from a non-space character to the first run of . ! or ? followed by whitespace,
+#: or to the end of the text (trailing whitespace left out).
+_SENTENCE = re.compile(r"\S.*?(?:[.!?]+(?=\s)|(?=\s*\Z))", re.S)
+
+
+def sentences(text: str) -> list[Span]:
+    """The character spans [start, end) of `text`'s sentences, by the simple rule of `_SENTENCE`."""
+    return [m.span() for m in _SENTENCE.finditer(text)]
+
+
+def plan_late(
+    contents: Sequence[Content],
+    tokenizer: TextTokenizer,
+    prompt: str,
+    spans: Sequence[Sequence[Span]] | None,
+    max_spans: int,
+) -> tuple[list[Content], list[tuple[Span, ...]]]:
+    """Each text as its whole token ids and its spans as token ranges; a text longer than the
+    model's length, a span outside its text or more than `max_spans` spans is `InvalidInput`."""
+    if spans is not None and len(spans) != len(contents):
+        raise InvalidInput(
+            f"spans has {len(spans)} lists for {len(contents)} inputs; give one per input", param="spans"
+        )
+    out: list[Content] = []
+    ranges: list[tuple[Span, ...]] = []
+    for i, content in enumerate(contents):
+        if not isinstance(content, Text):
+            raise InvalidInput(f"input {i}: long_inputs 'late' takes texts, not token ids", param="input")
+        tokens = _whole(tokenizer, prompt + content.text, i)
+        wanted = list(spans[i]) if spans is not None else sentences(content.text)
+        ranges.append(token_ranges(tokens, wanted, len(content.text), len(prompt), i))
+        out.append(TokenIds(tuple(t.id for t in tokens)))
+        if sum(len(r) for r in ranges) > max_spans:
+            raise InvalidInput(f"the request has more than {max_spans} spans (max_chunks_per_request)", param="spans")
+    return out, ranges
+
+
+def _whole(tokenizer: TextTokenizer, text: str, index: int) -> list[Token]:
+    count = len(tokenizer.ids([text.lower() if tokenizer.do_lower_case else text], cut=None)[0])
+    if count > tokenizer.max_length:
+        raise InputTooLong(
+            f"input {index} has {count} tokens, more than the model's limit of {tokenizer.max_length}; "
+            "long_inputs 'late' reads an input in one pass (use 'chunk' for longer ones)",
+            param="input",
+        )
+    return tokenizer.tokens([text], add_special_tokens=True)[0]
+
+
+def token_ranges(
+    tokens: Sequence[Token], spans: Sequence[Span], length: int, shift: int, index: int
+) -> tuple[Span, ...]:
+    """Character spans of a text of `length` characters (after a prompt of `shift`) as the token
+    ranges [first, last + 1) of the tokens whose characters overlap them."""
+    out = []
+    for k, (start, end) in enumerate(spans):
+        if not 0 <= start < end <= length:
+            raise InvalidInput(
+                f"input {index}: span {k} [{start}, {end}) is not within its {length} characters", param="spans"
+            )
+        inside = [
+            i
+            for i, t in enumerate(tokens)
+            if t.start is not None and t.stop is not None and t.start < end + shift and t.stop > start + shift
+        ]
+        if not inside:
+            raise InvalidInput(f"input {index}: span {k} [{start}, {end}) holds no token", param="spans")
+        out.append((inside[0], inside[-1] + 1))
+    return tuple(out)

@@ -30,7 +30,7 @@ from model_registry.errors import (
 from model_registry.handles import DeviceUsage, LifecycleEvent, ModelHandle
 from model_registry.lifecycle import Lifecycle
 from model_registry.long_inputs import MODES as LONG_INPUT_MODES
-from model_registry.long_inputs import Plan, merge, plan_chunks
+from model_registry.long_inputs import Plan, Span, merge, plan_chunks, plan_late
 from model_registry.ranking import (
     CROSS_ENCODER,
     Classification,
@@ -251,6 +251,7 @@ class Registry:
         priority: int | None = None,
         timeout: float | None = None,
         long_inputs: str = "error",
+        spans: Sequence[Sequence[Span]] | None = None,
     ) -> Results:
         """Embed texts (or token-id lists, or media) with `model`; one result per input, in order.
 
@@ -262,6 +263,8 @@ class Registry:
         `output_limit` refuses (400), before any work, a request whose answer may be larger.
         `long_inputs` "chunk" embeds a text too long to take whole, when not truncated, as the
         pooled vectors of its overlapping windows (`long_inputs`); "error" refuses it (400).
+        "late" reads each text whole (up to the model's length) and answers, as `multivector`, one
+        vector per span: `spans[i]`'s character ranges of input i, or else its sentences.
         """
         handle = self._handle(model)
         contents = self._contents(inputs)
@@ -283,7 +286,13 @@ class Registry:
         plan = None if cut else self._chunk_plan(adapter, model, contents, wanted, text_prompt, max_tokens, long_inputs)
         if plan is not None:
             contents = list(plan.contents)
-        items = [EmbedItem(c, wanted, text_prompt, is_query, cut, left, max_tokens) for c in contents]
+        ranges: list[tuple[Span, ...]] = [()] * len(contents)
+        if long_inputs == "late":
+            contents, ranges = self._late_plan(adapter, model, contents, wanted, text_prompt, spans)
+        items = [
+            EmbedItem(c, wanted, text_prompt, is_query, cut, left, max_tokens, s)
+            for c, s in zip(contents, ranges, strict=True)
+        ]
         if output_limit is not None:
             output_limit.check(items, adapter.max_length, adapter.dimensions)
         results = await self.run(model, items, priority=priority, timeout=timeout)
@@ -304,13 +313,33 @@ class Registry:
             raise InvalidInput(
                 f"long_inputs is '{mode}'; use one of {', '.join(LONG_INPUT_MODES)}", param="long_inputs"
             )
-        if mode == "error":
+        if mode in ("error", "late"):
             return None
         if wanted != {Output.DENSE}:
             raise UnsupportedOperation("long_inputs 'chunk' pools dense vectors only", param="long_inputs")
         tokenizer = self._text_tokenizer(adapter, model)
         cap = tokenizer.cap(max_tokens)
         return plan_chunks(contents, tokenizer, prompt, cap, self.config.max_chunks_per_request)
+
+    def _late_plan(
+        self,
+        adapter: Adapter,
+        model: str,
+        contents: Sequence[Content],
+        wanted: frozenset[Output],
+        prompt: str,
+        spans: Sequence[Sequence[Span]] | None,
+    ) -> tuple[list[Content], list[tuple[Span, ...]]]:
+        """Late chunking's whole texts and token ranges; only mean-pooled dense models take it."""
+        pooling = adapter.describe().get("pooling")
+        if wanted != {Output.DENSE} or pooling != "mean":
+            raise UnsupportedOperation(
+                f"long_inputs 'late' pools each span's tokens by their mean: only mean-pooled models take it "
+                f"('{model}' pools by {pooling or 'its own head'})",
+                param="long_inputs",
+            )
+        tokenizer = self._text_tokenizer(adapter, model)
+        return plan_late(contents, tokenizer, prompt, spans, self.config.max_chunks_per_request)
 
     async def run(
         self, model: str, items: Sequence[Item], *, priority: int | None = None, timeout: float | None = None

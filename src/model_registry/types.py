@@ -111,6 +111,8 @@ class EmbedItem:
     truncate: bool = True
     truncate_left: bool = False
     max_tokens: int | None = None
+    #: Late chunking: token ranges [start, stop) of the input, each pooled to its own vector.
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

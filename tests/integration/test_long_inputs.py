@@ -101,3 +101,64 @@ def test_error_stays_the_default_and_the_window_bound_is_a_400(serve: Callable[.
     assert unknown.json()["error"]["param"] == "long_inputs"
     with server.client() as client:
         assert client.get("/health").status_code == 200
+
+
+def late_reference(reference: SentenceTransformer, text: str, spans: list[tuple[int, int]]) -> np.ndarray:
+    """One pass over the whole text in process; each span's tokens (those whose characters
+    overlap it) averaged and scaled to unit length."""
+    encoded = reference.tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
+    offsets = encoded.pop("offset_mapping")[0].tolist()
+    with torch.inference_mode():
+        states = reference[0]({**encoded})["token_embeddings"][0].double().numpy()
+    vectors = []
+    for start, end in spans:
+        inside = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
+        mean = states[inside].mean(axis=0)
+        vectors.append(mean / np.linalg.norm(mean))
+    return np.stack(vectors)
+
+
+def test_late_pools_each_sentence_of_one_pass(serve: Callable[..., LiveServer], reference: SentenceTransformer) -> None:
+    server = serve({"models": [MODEL]})
+    parts = [
+        "A man is playing a guitar.",
+        "Three dogs run on the beach!",
+        "Is the cat asleep?",
+        "A woman slices onions",
+    ]
+    text = " ".join(parts)
+    starts = [text.index(p) for p in parts]
+    sentences = [(s, s + len(p)) for s, p in zip(starts, parts, strict=True)]
+    body = {"model": "minilm", "input": [text], "truncate": False, "long_inputs": "late"}
+    response = post(server, "/v1/embeddings", body)
+    assert response.status_code == 200, response.text
+    spans = response.json()["data"][0]["spans"]
+    assert [(s["start"], s["end"]) for s in spans] == sentences
+    expected = late_reference(reference, text, sentences)
+    np.testing.assert_allclose([s["embedding"] for s in spans], expected, atol=1e-4)
+    given = [[0, 9], [27, 47]]
+    tei = post(server, "/embed", {"inputs": [text], "truncate": False, "long_inputs": "late", "spans": [given]})
+    assert tei.status_code == 200, tei.text
+    answer = tei.json()[0]
+    assert [(s["start"], s["end"]) for s in answer] == [(0, 9), (27, 47)]
+    np.testing.assert_allclose(
+        [s["embedding"] for s in answer], late_reference(reference, text, [(0, 9), (27, 47)]), atol=1e-4
+    )
+
+
+def test_late_refuses_over_long_texts_and_other_poolings(
+    serve: Callable[..., LiveServer], document: str, tmp_path: Path
+) -> None:
+    from tests.builders.text import tiny_bert
+
+    cls = {"name": "cls", "source": str(tiny_bert(tmp_path / "cls", pooling="cls")), "backend": "torch"}
+    server = serve({"models": [MODEL, cls]})
+    body = {"model": "minilm", "input": [document], "truncate": False, "long_inputs": "late"}
+    too_long = post(server, "/v1/embeddings", body)
+    assert too_long.status_code == 400, too_long.text
+    assert "limit of 256" in too_long.json()["error"]["message"]
+    outside = post(server, "/v1/embeddings", {**body, "input": ["A short text."], "spans": [[[0, 99]]]})
+    assert outside.status_code == 400, outside.text
+    refused = post(server, "/v1/embeddings", {**body, "model": "cls", "input": ["A short text."]})
+    assert refused.status_code == 400, refused.text
+    assert "only mean-pooled models" in refused.json()["error"]["message"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from model_registry.errors import InvalidInput
-from model_registry.long_inputs import Plan, merge, pool, windows
-from model_registry.types import Embedding, Results, Score, TokenIds
+from model_registry.long_inputs import Plan, merge, pool, sentences, token_ranges, windows
+from model_registry.types import Embedding, Results, Score, Token, TokenIds
 
 
 def test_windows_overlap_by_an_eighth_and_cover_every_token() -> None:
@@ -58,3 +58,20 @@ def test_merge_refuses_a_window_without_a_vector() -> None:
     results = Results((Score(1.0), Score(2.0)), 4, (2, 2))
     with pytest.raises(AssertionError, match="This is a bug"):
         merge(results, Plan((TokenIds((1,)), TokenIds((2,))), ((0, 1),), (1, 1)), normalize=True)
+
+
+def test_sentences_split_on_end_marks_followed_by_space() -> None:
+    text = "First one. Second!  Third? last  "
+    assert [text[s:e] for s, e in sentences(text)] == ["First one.", "Second!", "Third?", "last"]
+    number = "3.5 is a number. Yes"
+    assert [number[s:e] for s, e in sentences(number)] == ["3.5 is a number.", "Yes"]
+
+
+def test_token_ranges_take_the_tokens_that_overlap_each_span() -> None:
+    tokens = [Token(101, "[CLS]", True, None, None), Token(1, "ab", False, 2, 4), Token(2, "cd", False, 5, 7)]
+    tokens.append(Token(102, "[SEP]", True, None, None))
+    assert token_ranges(tokens, [(0, 2), (1, 5), (3, 5)], 5, shift=2, index=0) == ((1, 2), (1, 3), (2, 3))
+    with pytest.raises(InvalidInput, match="not within"):
+        token_ranges(tokens, [(4, 9)], 5, shift=2, index=0)
+    with pytest.raises(InvalidInput, match="holds no token"):
+        token_ranges(tokens, [(2, 3)], 5, shift=2, index=0)

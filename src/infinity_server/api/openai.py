@@ -9,6 +9,7 @@ list is one shape for both clients: OpenAI's fields, and Infinity's `stats` and 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.convertors import register_url_convertor
@@ -28,6 +29,8 @@ from infinity_server.api.common import (
 from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
 from infinity_server.schemas.openai import EmbeddingRequest, InfinityEmbeddingRequest
 from model_registry import ModelInfo, Results
+from model_registry.long_inputs import Span, sentences
+from model_registry.types import Embedding
 
 _CREATED = int(time.time())
 
@@ -52,6 +55,21 @@ def embedding_list(
     return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
+def late_spans(
+    results: Results, texts: Sequence[Any], spans: Sequence[Sequence[Span]] | None
+) -> list[list[dict[str, Any]]]:
+    """Late chunking's answer per input: each span's character offsets and its vector."""
+    answer = []
+    for i, result in enumerate(results.items):
+        offsets = spans[i] if spans is not None else sentences(str(texts[i]))
+        vectors = result.multivector if isinstance(result, Embedding) else None
+        assert vectors is not None, "This is a bug: a late-chunked input has no span vectors"
+        answer.append(
+            [{"start": s, "end": e, "embedding": v.tolist()} for (s, e), v in zip(offsets, vectors, strict=True)]
+        )
+    return answer
+
+
 async def embeddings(request: Request) -> Response:
     return await _embeddings(request, await parse_body(request, EmbeddingRequest))
 
@@ -70,9 +88,19 @@ async def _embeddings(request: Request, body: EmbeddingRequest) -> Response:
             prompt_name=body.prompt_name,
             priority=body.priority,
             long_inputs=body.long_inputs,
+            spans=body.spans,
             **options,
         )
         results = await until_disconnected(request, work)
+    if body.long_inputs == "late":
+        data = [
+            {"object": "embedding", "index": i, "spans": s}
+            for i, s in enumerate(late_spans(results, inputs, body.spans))
+        ]
+        usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
+        return await vectors_response(
+            lambda: {"object": "list", "data": data, "model": body.model, "usage": usage}, numbers_in(results)
+        )
 
     return await vectors_response(
         lambda: embedding_list(body.model, results, body.encoding_format, body.dimensions, body.embedding_type),

@@ -30,6 +30,7 @@ from infinity_server.api.common import (
     until_disconnected,
     vectors_response,
 )
+from infinity_server.api.openai import late_spans
 from infinity_server.encoding import column, dense_vectors, numbers_in, output_limit
 from infinity_server.errors import HTTPError, Shape, answers_in
 from infinity_server.schemas.tei import (
@@ -103,6 +104,7 @@ async def _embed_with(
         output_limit=limit,
         priority=body.priority,
         long_inputs=body.long_inputs,
+        spans=body.spans,
     )
     return await until_disconnected(request, work)
 
@@ -113,6 +115,9 @@ async def embed(request: Request) -> Response:
 
 async def _embed_dense(request: Request, body: TeiEmbedRequest) -> Response:
     results = await _embed_with(request, body, "embed", "dense")
+    if body.long_inputs == "late":
+        answer = late_spans(results, _inputs(body), body.spans)
+        return await vectors_response(lambda: answer, numbers_in(results))
     return await vectors_response(
         lambda: dense_vectors(results, body.dimensions, normalize=body.normalize), numbers_in(results)
     )

@@ -33,8 +33,10 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit):
     # Extensions.
     prompt_name: StrictStr | None = None
     embedding_type: EmbeddingType = "float32"
-    # An input longer than the model's length without truncation: refused, or windowed and pooled.
-    long_inputs: Literal["error", "chunk"] = "error"
+    # An input longer than the model's length without truncation: refused, windowed, or read whole.
+    long_inputs: Literal["error", "chunk", "late"] = "error"
+    # Late chunking's character spans [start, end) per input; without them, each input's sentences.
+    spans: list[list[tuple[StrictInt, StrictInt]]] | None = None
 
     def inputs(self) -> list[str] | list[list[int]]:
         """The input as a list of texts or a list of token-id lists."""

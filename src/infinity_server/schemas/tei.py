@@ -26,8 +26,10 @@ class TeiEmbedRequest(TeiOptions):
     normalize: StrictBool = True
     prompt_name: StrictStr | None = None
     dimensions: Dimensions = None
-    # An input longer than the model's length without truncation: refused, or windowed and pooled.
-    long_inputs: Literal["error", "chunk"] = "error"
+    # An input longer than the model's length without truncation: refused, windowed, or read whole.
+    long_inputs: Literal["error", "chunk", "late"] = "error"
+    # Late chunking's character spans [start, end) per input; without them, each input's sentences.
+    spans: list[list[tuple[StrictInt, StrictInt]]] | None = None
 
 
 PredictSequence = Annotated[list[StrictStr], Field(min_length=1, max_length=2)]

@@ -58,6 +58,8 @@ class Tokens:
 
     ids: tuple[int, ...]
     prompt_tokens: int = 0
+    #: Token ranges pooled one by one (late chunking); empty: the item pools as a whole.
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
