@@ -22,6 +22,7 @@ from model_registry.errors import (
     UnsupportedOperation,
 )
 from model_registry.handles import DeviceUsage, LifecycleEvent
+from model_registry.long_inputs import Span, sentences
 from model_registry.ranking import Classification, Ranking
 from model_registry.registry import Registry
 from model_registry.sync import SyncRegistry
@@ -73,6 +74,7 @@ __all__ = [
     "RegistryError",
     "Results",
     "Score",
+    "Span",
     "SparseVector",
     "SyncRegistry",
     "Text",
@@ -81,4 +83,5 @@ __all__ = [
     "UnsupportedOperation",
     "load_config",
     "registry_config",
+    "sentences",
 ]

@@ -28,9 +28,7 @@ from infinity_server.api.common import (
 )
 from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
 from infinity_server.schemas.openai import EmbeddingRequest, InfinityEmbeddingRequest
-from model_registry import ModelInfo, Results
-from model_registry.long_inputs import Span, sentences
-from model_registry.types import Embedding
+from model_registry import Embedding, ModelInfo, Results, Span, sentences
 
 _CREATED = int(time.time())
 
