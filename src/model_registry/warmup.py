@@ -81,11 +81,7 @@ def run_batches(adapter: Adapter, batches: Sequence[Sequence[Item]]) -> int:
     ran = 0
     for items in batches:
         try:
-            # The copies of a batch are one input: prepared (decoded, tokenized) once, used n times.
-            one = adapter.prepare(items[:1])[0]
-            prepared = [dataclasses.replace(one, index=i) for i in range(len(items))]
-            collated = adapter.collate(prepared)
-            adapter.postprocess(collated, adapter.forward(collated))
+            _run(adapter, _prepared(adapter, items))
         except RegistryError as error:
             log.warning("no warm-up of %s on %s: %s", type(adapter).__name__, type(items[0]).__name__, error)
             continue
@@ -110,19 +106,27 @@ def measure_rate(adapter: Adapter, max_batch_tokens: int) -> Rate | None:
     batches = worst_case_batches(adapter, max_batch_tokens)
     if not batches:
         return None
-    items = batches[0]
-    one = adapter.prepare(items[:1])[0]
-    prepared = [dataclasses.replace(one, index=i) for i in range(len(items))]
+    prepared = _prepared(adapter, batches[0])
     seconds = _timed(adapter, prepared)
     if seconds < SLOW_BATCH:
         seconds = _timed(adapter, prepared)
     return Rate(sum(p.cost for p in prepared), seconds)
 
 
-def _timed(adapter: Adapter, prepared: list[Prepared]) -> float:
-    started = time.perf_counter()
+def _prepared(adapter: Adapter, items: Sequence[Item]) -> list[Prepared]:
+    """A batch's copies of one input, prepared (decoded, tokenized) once and used n times."""
+    one = adapter.prepare(items[:1])[0]
+    return [dataclasses.replace(one, index=i) for i in range(len(items))]
+
+
+def _run(adapter: Adapter, prepared: list[Prepared]) -> None:
     collated = adapter.collate(prepared)
     adapter.postprocess(collated, adapter.forward(collated))
+
+
+def _timed(adapter: Adapter, prepared: list[Prepared]) -> float:
+    started = time.perf_counter()
+    _run(adapter, prepared)
     return time.perf_counter() - started
 
 
