@@ -1,26 +1,162 @@
-"""Dependencies point one way, and heavy backends stay lazy."""
+"""Dependencies point one way, and heavy backends stay lazy.
+
+Every import counts, the ones inside functions too: a lazy import is a dependency that only
+waits for its first call. Imports under `if TYPE_CHECKING:` do not: they never run.
+"""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
+#: The engine's layers, top first. A module may import from its own layer or the ones below it,
+#: never from one above; within a layer, no two modules import each other in a circle.
+#: A subpackage (`adapters`, `backends`) is one entry.
+ENGINE_LAYERS: tuple[frozenset[str], ...] = tuple(
+    frozenset(layer.split())
+    for layer in (
+        "__init__ sync",  # the public faces
+        "registry",  # runs requests: lease, admission, prepare, queue
+        "embedding ranking scoring classify media_rerank tokens",  # the tasks, over `Runner.run`
+        "runner validation long_inputs lifecycle result_cache",
+        "assembly handles",  # a loaded model's parts
+        "memory warmup worker",
+        "batching admission timing heap",
+        "adapters",  # the model families
+        "decoding similarity detect detect_rules",
+        "config",
+        "backends",  # the engines
+        "detect_zoo native_ports llm_rerank sources catalogue devices",
+        "types errors",  # the contract's leaves
+    )
+)
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, names: bool) -> Iterator[str]:
+    """Every module `tree` imports at run time, in functions too; with `names`, also `a.b` for
+    each `from a import b`, as `b` may be a module."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            yield from (name for child in node.orelse for name in _imports(child, names))
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            if names:
+                yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        yield from _imports(node, names)
+
+
+def module_imports(root: Path, package: str, *, names: bool = False) -> dict[str, set[str]]:
+    """Per module of `package` under `root` (as `package/sub/module.py`), the modules it imports."""
+    return {
+        str(path.relative_to(root)): set(_imports(ast.parse(path.read_text()), names))
+        for path in sorted((root / package).rglob("*.py"))
+    }
+
 
 def imported_modules(package: str) -> dict[str, set[str]]:
-    found: dict[str, set[str]] = {}
-    for path in (SRC / package).rglob("*.py"):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
-        found[str(path.relative_to(SRC))] = names
+    return module_imports(SRC, package)
+
+
+def _entry(package: str, name: str) -> str:
+    """`package.adapters.dense` -> 'adapters'; `package.registry` -> 'registry'; `package` -> '__init__'."""
+    parts = name.split(".")[1:]
+    return parts[0] if parts else "__init__"
+
+
+def layer_violations(root: Path, package: str, layers: Sequence[frozenset[str]]) -> list[str]:
+    """Each import of a module from a layer above the importer's, and each module in no layer."""
+    rank = {entry: i for i, layer in enumerate(layers) for entry in layer}
+    found = []
+    for path, names in module_imports(root, package, names=True).items():
+        dotted = path.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        own = _entry(package, dotted)
+        if own not in rank:
+            found.append(f"{path} is in no layer; add '{own}' to one")
+            continue
+        # The package itself is imported before any of its modules: never a new dependency.
+        targets = {_entry(package, n) for n in names if n.split(".")[0] == package} - {"__init__"}
+        above = sorted(t for t in targets if t in rank and rank[t] < rank[own])
+        found.extend(f"{path} imports {package}.{target}, from a layer above its own" for target in above)
     return found
+
+
+def import_cycles(root: Path, package: str) -> list[list[str]]:
+    """Circles among the modules of `package` (every import counts, lazy ones too)."""
+    imports = module_imports(root, package, names=True)
+    modules = {
+        path.removesuffix(".py").replace("/", ".").removesuffix(".__init__"): names for path, names in imports.items()
+    }
+    graph = {m: {n for n in names if n in modules and n != m and n != package} for m, names in modules.items()}
+    cycles, state = [], dict.fromkeys(graph, 0)
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state[target] == 1:
+                cycles.append([*trail[trail.index(target) :], target])
+            elif state[target] == 0:
+                visit(target, [*trail, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if state[module] == 0:
+            visit(module, [module])
+    return cycles
+
+
+def test_the_engine_is_layered_with_lazy_imports_counted() -> None:
+    assert layer_violations(SRC, "model_registry", ENGINE_LAYERS) == []
+
+
+def test_no_engine_module_imports_itself_in_a_circle() -> None:
+    assert import_cycles(SRC, "model_registry") == []
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    "importer",
+    [
+        "from pkg.top import run\n",  # at the top of the module
+        "def late():\n    from pkg.top import run\n    return run\n",  # inside a function
+        "class Late:\n    def method(self):\n        import pkg.top\n",  # inside a method
+    ],
+)
+def test_the_layer_check_sees_an_upward_import_wherever_it_is(tmp_path: Path, importer: str) -> None:
+    root = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/top.py": "from pkg import low\n", "pkg/low.py": importer})
+    layers = (frozenset({"__init__"}), frozenset({"top"}), frozenset({"low"}))
+    assert layer_violations(root, "pkg", layers) == ["pkg/low.py imports pkg.top, from a layer above its own"]
+    assert import_cycles(root, "pkg") == [["pkg.low", "pkg.top", "pkg.low"]]
+
+
+def test_the_layer_check_lets_typing_only_imports_through(tmp_path: Path) -> None:
+    low = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.top import run\n"
+    root = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/top.py": "from pkg import low\n", "pkg/low.py": low})
+    layers = (frozenset({"__init__"}), frozenset({"top"}), frozenset({"low"}))
+    assert layer_violations(root, "pkg", layers) == []
+    assert import_cycles(root, "pkg") == []
 
 
 def test_the_engine_knows_nothing_of_http() -> None:
@@ -51,6 +187,7 @@ _DIALECT_MAY_IMPORT = (
     "infinity_server.errors",
     "infinity_server.schemas",
     "infinity_server.media",
+    "infinity_server.routing",
     "infinity_server.settings",
 )
 #: Engine internals a dialect never touches: it makes registry calls and writes their results.
@@ -114,6 +251,7 @@ def test_torch_is_imported_only_by_its_engine_and_the_adapters_that_need_it() ->
         "model_registry/backends/packed.py",  # the engine's padding-free batches
         "model_registry/backends/onnx_export.py",  # exporting to ONNX traces the torch model
         "model_registry/memory.py",  # CUDA memory probing, imported only when CUDA is asked about
+        "model_registry/devices.py",  # whether there is a CUDA device, asked only for `device: auto`
     )
     for path, names in imported_modules("model_registry").items():
         if any(n.split(".")[0] == "torch" for n in names):

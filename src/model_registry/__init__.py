@@ -6,6 +6,7 @@ async with Registry.from_config("models.yaml") as registry:
 
 from model_registry.admission import OutputLimit
 from model_registry.catalogue import RECORDS as CATALOGUE
+from model_registry.classify import Classification
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
     BatchFailed,
@@ -23,7 +24,7 @@ from model_registry.errors import (
 )
 from model_registry.handles import DeviceUsage, LifecycleEvent
 from model_registry.long_inputs import Span, sentences
-from model_registry.ranking import Classification, Ranking
+from model_registry.ranking import Ranking
 from model_registry.registry import Registry
 from model_registry.sync import SyncRegistry
 from model_registry.types import (

@@ -33,13 +33,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
-from model_registry import heap, memory
+from model_registry import devices, heap, memory
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
+from model_registry.assembly import assemble, batch_tokens, memory_device_of, release, release_quietly, retire
 from model_registry.backends import build_process
 from model_registry.config import RegistryConfig
 from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
 from model_registry.handles import DeviceUsage, EventKind, Lease, LifecycleEvent, ModelHandle
-from model_registry.parts import assemble, batch_tokens, memory_device_of, release, release_quietly, retire
 from model_registry.types import ModelState
 from model_registry.warmup import Rate, measure_rate
 from model_registry.worker import BatchStats
@@ -57,7 +57,7 @@ __all__ = ["DeviceUsage", "EventKind", "Lease", "Lifecycle", "LifecycleEvent", "
 
 def timed_warm_up(adapter: Adapter, max_batch_tokens: int, device: str) -> Rate | None:
     """`measure_rate` as a batch of the device: never while a load measures its memory there."""
-    with memory.gate(device).shared():
+    with devices.gate(device).shared():
         return measure_rate(adapter, max_batch_tokens)
 
 

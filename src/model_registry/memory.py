@@ -7,21 +7,16 @@ policy lives in `lifecycle.py`.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
-import importlib.util
 import logging
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-from model_registry import heap
+from model_registry import devices, heap
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import parse_budget
 from model_registry.errors import ModelUnavailable
@@ -38,24 +33,6 @@ class DeviceMemory:
 
     total: int
     free: int
-
-
-def memory_device(requested: str) -> str:
-    """The device whose memory a model with `device: requested` will use ('cpu' or 'cuda:N')."""
-    if requested == "auto":
-        return "cuda:0" if cuda_available() else "cpu"
-    if requested == "cuda":
-        return "cuda:0"
-    return requested
-
-
-def cuda_available() -> bool:
-    """True when torch is installed and sees a CUDA device; never imports torch needlessly."""
-    if importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 def probe(device: str) -> DeviceMemory:
@@ -112,73 +89,12 @@ def release(device: str) -> None:
             torch.cuda.empty_cache()
 
 
-def weight_bytes(directory: Path) -> int:
-    """Bytes of torch weight files under `directory`: a fair first estimate of a model's weights.
-
-    Where a folder has both safetensors and pickled weights they are copies, so only the
-    safetensors count; other backends' files (ONNX, CTranslate2) are not what torch loads.
-    """
-    total = 0
-    for folder in (directory, *(p for p in directory.rglob("*") if p.is_dir())):
-        files = [p for p in folder.iterdir() if p.is_file()]
-        chosen = [p for p in files if p.suffix == ".safetensors"] or [p for p in files if p.suffix in _PICKLED]
-        total += sum(p.stat().st_size for p in chosen)
-    return total
-
-
 def worst_case_items(adapter: Adapter, max_batch_tokens: int) -> list[Item]:
     """The first worst-case batch of `adapter` (see `warmup.worst_case_batches`)."""
     from model_registry.warmup import worst_case_batches
 
     batches = worst_case_batches(adapter, max_batch_tokens)
     return batches[0] if batches else []
-
-
-class DeviceGate:
-    """Lets many batches run on a device at once (`shared`), or one measurement alone (`exclusive`).
-
-    CUDA's peak-memory counter is per device, not per model: while a load measures its warm-up,
-    other models' batches on the same device wait, so the peak it reads is its own."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._running = 0
-        self._measuring = False
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._measuring)
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running -= 1
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._measuring)
-            self._measuring = True
-            self._cond.wait_for(lambda: self._running == 0)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._measuring = False
-                self._cond.notify_all()
-
-
-_gates: dict[str, DeviceGate] = {}
-_gates_lock = threading.Lock()
-
-
-def gate(device: str) -> DeviceGate:
-    """The gate of `device` ('cpu', 'cuda:0', ...), one per process."""
-    with _gates_lock:
-        return _gates.setdefault(device, DeviceGate())
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +164,7 @@ def load_and_measure(adapter: Adapter, options: LoadOptions, device: str) -> int
 
     from model_registry.warmup import run_batches, worst_case_batches
 
-    with gate(device).exclusive():
+    with devices.gate(device).exclusive():
         before = CudaReading.take(device)
         adapter.load(options)
         torch.cuda.reset_peak_memory_stats(device)

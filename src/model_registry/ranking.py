@@ -1,4 +1,4 @@
-"""Rerank and classify on top of `Registry.run`: which method a model ranks by, and the results.
+"""Rerank on top of `Runner.run`: which method a model ranks by, the ranking, and the task itself.
 
 A cross-encoder scores each (query, document) pair itself. A model without one ranks by its
 embeddings: MaxSim over token vectors when it has them (ColBERT, BGE-M3), else the dot product of
@@ -8,6 +8,7 @@ sparse vectors (SPLADE), else the cosine of dense vectors. A model with more tha
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -15,9 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from model_registry import validation
+from model_registry.adapters.base import Adapter
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.scoring import cosine, maxsim, sparse_dot
-from model_registry.types import Capability, Embedding, Labels, Output, Result, Results, Score
+from model_registry.runner import Runner
+from model_registry.similarity import cosine, maxsim, sparse_dot
+from model_registry.types import Capability, Embedding, EmbedItem, Kind, Output, PairItem, Result, Results, Score, Text
 
 CROSS_ENCODER = "cross-encoder"
 MAXSIM = "maxsim"
@@ -55,20 +59,6 @@ class Ranking:
 
     results: tuple[Ranked, ...]
     method: str
-    tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class LabelScore:
-    label: str
-    score: float
-
-
-@dataclass(frozen=True, slots=True)
-class Classification:
-    """Per input, every label with its score, best first."""
-
-    results: tuple[tuple[LabelScore, ...], ...]
     tokens: int
 
 
@@ -204,56 +194,6 @@ def _has(result: Result, out: Output) -> bool:
     return isinstance(result, Embedding) and getattr(result, out.value) is not None
 
 
-def classification(results: Sequence[Result], raw_scores: bool, tokens: int) -> Classification:
-    """Softmax over each input's label logits (or the logits themselves), labels best first."""
-    rows = []
-    for result in results:
-        if not isinstance(result, Labels):
-            raise TypeError(f"This is a bug: a classifier returned {type(result).__name__}")
-        logits = np.asarray(result.logits, dtype=np.float64)
-        values = logits if raw_scores else _softmax(logits)
-        ranked = sorted(zip(result.names, values.tolist(), strict=True), key=lambda pair: -pair[1])
-        rows.append(tuple(LabelScore(name, float(value)) for name, value in ranked))
-    return Classification(tuple(rows), tokens)
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max())
-    out: np.ndarray = shifted / shifted.sum()
-    return out
-
-
-@dataclass(frozen=True)
-class PairScores:
-    """One score per (text_1, text_2) pair, in input order, and how they were computed."""
-
-    scores: tuple[float, ...]
-    method: str
-    tokens: int
-
-
-def check_pairs(pairs: object, limit: int, max_chars: int) -> list[tuple[str, str]]:
-    """The pairs as (str, str); an empty list, a non-string or blank text is `InvalidInput`."""
-    if not isinstance(pairs, Sequence) or isinstance(pairs, str) or not pairs:
-        raise InvalidInput("pairs must be a non-empty list of (text, text)", param="input")
-    if len(pairs) > limit:
-        raise InvalidInput(f"{len(pairs)} pairs; at most {limit} are accepted per request", param="input")
-    checked = []
-    for i, pair in enumerate(pairs):
-        if not (isinstance(pair, Sequence) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
-            raise InvalidInput(f"pair {i} must be two strings", param="input")
-        for text in pair:
-            if not text.strip() or len(text) > max_chars:
-                raise InvalidInput(f"pair {i} has an empty text or one over {max_chars:,} characters", param="input")
-        checked.append((pair[0], pair[1]))
-    return checked
-
-
-def embedding_pair_scores(method: str, pairs: Sequence[tuple[str, str]], embedded: dict[str, Result]) -> list[float]:
-    """Each pair's score from the embeddings of its two texts (cosine, MaxSim or sparse dot)."""
-    return [embedding_scores(method, embedded[a], [embedded[b]], mean_maxsim=False)[0] for a, b in pairs]
-
-
 def hybrid_outputs(weights: Mapping[Output, float], every: bool) -> frozenset[Output]:
     """The outputs a hybrid rerank embeds: those weighed, or all the model has when parts are shown."""
     return frozenset(o for o, w in weights.items() if w != 0 or every) or frozenset({Output.DENSE})
@@ -276,3 +216,70 @@ def embedding_ranking(
         return ranking(documents, scores, top_n, method, results.tokens)
     fused, parts = hybrid_scores(hybrid, query, embedded, mean_maxsim=mean_maxsim)
     return ranking(documents, fused, top_n, HYBRID, results.tokens, parts if return_parts else None)
+
+
+async def rerank(
+    registry: Runner,
+    model: str,
+    query: str,
+    documents: Sequence[str],
+    *,
+    top_n: int | None = None,
+    raw_scores: bool = False,
+    truncate: bool | None = None,
+    truncation_direction: str = "right",
+    max_tokens_per_doc: int | None = None,
+    instruction: str | None = None,
+    weights: Mapping[str, float | None] | None = None,
+    return_parts: bool = False,
+    priority: int | None = None,
+    timeout: float | None = None,
+) -> Ranking:
+    """Rank `documents` by relevance to `query`, best first; `Ranking.method` says how.
+
+    A cross-encoder applies its activation (sigmoid) unless `raw_scores`; embedding models
+    score by MaxSim, sparse dot product or cosine, which have no activation to skip.
+    `max_tokens_per_doc` scores only each document's first tokens (results keep the whole text);
+    `truncation_direction` "left" cuts an over-long document at its start (the query stays whole).
+    `instruction` replaces an LLM reranker's default instruction for this request.
+    `weights` (or `return_parts`) ranks a model with several outputs by the weighted sum of
+    their scores, omitted weights taking the model's defaults; `return_parts` keeps each part.
+    """
+    spec, limits = registry.spec(model), registry.config
+    docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars, top_n)
+    adapter = await registry.adapter(model)
+    method = rerank_method(adapter.capabilities, model)
+    validation.check_instruction(adapter, model, instruction)
+    hybrid = None
+    if weights is not None or return_parts:
+        hybrid = hybrid_weights(adapter.capabilities, model, weights, spec.rerank_weights)
+    cut = spec.truncate if truncate is None else truncate
+    scored = docs
+    if max_tokens_per_doc is not None:
+        tokenizer, limit = validation.text_tokenizer(adapter, model), max_tokens_per_doc
+        scored = await registry.on_model_threads(model, lambda: tokenizer.first_tokens(docs, limit))
+    if method == CROSS_ENCODER:
+        if cut and validation.cut_left(adapter, model, truncation_direction, pairs=True):
+            scored = await fit_left(registry, adapter, model, scored, [query] * len(scored))
+        pairs = [PairItem(query, d, cut, instruction) for d in scored]
+        results = await registry.run(model, pairs, priority=priority, timeout=timeout)
+        return ranking(docs, pair_scores(results.items, raw_scores), top_n, method, results.tokens)
+    wanted = frozenset({method_output(method)}) if hybrid is None else hybrid_outputs(hybrid, return_parts)
+    prompts = adapter.prompts
+    left = validation.cut_left(adapter, model, truncation_direction)
+    query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut, left)
+    doc_prompt = prompts.get("document", prompts.get("passage", ""))
+    items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut, left) for d in scored)]
+    results = await registry.run(model, items, priority=priority, timeout=timeout)
+    # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it. Off the event loop: MaxSim
+    # over many documents is real compute.
+    mean, parts = adapter.kind == Kind.MULTI_OUTPUT, return_parts
+    return await asyncio.to_thread(embedding_ranking, docs, results, method, hybrid, top_n, mean, parts)
+
+
+async def fit_left(
+    registry: Runner, adapter: Adapter, model: str, texts: Sequence[str], queries: Sequence[str] | None
+) -> list[str]:
+    """Texts (documents of pairs, or classified texts) cut at their start to fit, on the model's threads."""
+    tokenizer = validation.text_tokenizer(adapter, model)
+    return await registry.on_model_threads(model, lambda: tokenizer.fit_left(texts, queries))

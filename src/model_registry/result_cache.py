@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from model_registry.adapters.base import Adapter
 from model_registry.backends.cache import artifact_key, model_files
 from model_registry.config import CacheSpec, ModelSpec, parse_budget
 from model_registry.errors import ModelUnavailable
@@ -89,13 +90,13 @@ def outcome(lookups: Sequence[Lookup]) -> str | None:
 # ---- keys ----------------------------------------------------------------------------------------
 
 
-def model_identity(spec: ModelSpec, adapter: object) -> str:
+def model_identity(spec: ModelSpec, adapter: Adapter) -> str:
     """Hash of the model's files (as the engine artifacts' keys hash them, plus every other small
     file: tokenizer, heads, pooling) and the settings that change its results."""
     settings = spec.model_dump(mode="json", exclude=set(_OPERATIONAL))
-    settings["engine"] = getattr(adapter, "backend", spec.backend)
-    settings["loaded_dtype"] = str(getattr(adapter, "dtype", spec.dtype))
-    settings["loaded_device"] = str(getattr(adapter, "device", spec.device))
+    settings["engine"] = adapter.backend
+    settings["loaded_dtype"] = str(spec.dtype if adapter.dtype is None else adapter.dtype)
+    settings["loaded_device"] = adapter.device or spec.device
     try:
         directory = resolve_source(spec.source, revision=spec.revision)
     except ModelUnavailable:  # a model without files (the fake one): its settings are all it is
@@ -319,7 +320,7 @@ class ResultCache:
         self._pending: dict[str, asyncio.Future[Entry | None]] = {}
         self._identity: tuple[weakref.ref[object], str] | None = None
 
-    async def identity(self, adapter: object) -> str:
+    async def identity(self, adapter: Adapter) -> str:
         """The loaded model's identity, hashed once per load (off the event loop: it reads the weights)."""
         if self._identity is None or self._identity[0]() is not adapter:
             hashed = await asyncio.to_thread(model_identity, self.spec, adapter)

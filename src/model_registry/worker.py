@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from model_registry import memory
+from model_registry import devices
 from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
 from model_registry.errors import BatchFailed, Cancelled, DeadlineExceeded, ModelUnavailable, RegistryError
@@ -144,7 +144,7 @@ class Worker:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy = False
-        self._gate = memory.gate(memory.memory_device(str(getattr(adapter, "device", "cpu"))))
+        self._gate = devices.gate(devices.memory_device(adapter.device or "cpu"))
         batches.on_put = self._work_arrived
 
     def start(self) -> None:

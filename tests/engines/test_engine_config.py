@@ -302,7 +302,7 @@ def test_device_auto_is_the_cpu_for_onnx_runtime_s_cuda_build_on_a_machine_witho
     and the model must load and serve in float32 (not fail looking for a GPU)."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from model_registry.memory import cuda_available
+    from model_registry.devices import cuda_available
     from tests.builders.text import tiny_bert
     from tests.engines.helpers import embed_items, load, run
 
@@ -360,7 +360,7 @@ def test_an_onnx_engine_loaded_with_device_auto_runs_on_the_cpu_of_a_machine_wit
 def documented_engine(installed: set[str]) -> str:
     """What docs/backends.md's table gives a dense BERT in fp32 on this machine, read from
     /proc/cpuinfo here rather than through the code under test."""
-    from model_registry.memory import cuda_available
+    from model_registry.devices import cuda_available
 
     if cuda_available():
         return "onnx" if "onnx-gpu" in installed else "torch"

@@ -223,16 +223,16 @@ def test_an_answer_within_max_output_bytes_is_served_and_no_larger(client: httpx
 
 
 def test_embedding_scores_run_off_the_event_loop(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from model_registry import ranking, registry
+    from model_registry import scoring
 
     where: list[bool] = []
-    score = ranking.embedding_pair_scores
+    score = scoring.embedding_pair_scores
 
     def recorded(*args: Any, **kwargs: Any) -> list[float]:
         where.append(on_the_loop())
         return score(*args, **kwargs)
 
-    monkeypatch.setattr(registry, "embedding_pair_scores", recorded)
+    monkeypatch.setattr(scoring, "embedding_pair_scores", recorded)
     live = serve({"models": [{"name": "minilm", "source": MINILM, "backend": "torch"}]})
     source, sentences = "a cat sleeps on the mat", ["a kitten naps on a rug", "stock prices fell today"]
     with live.client() as client:

@@ -18,8 +18,9 @@ import pytest
 
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
 from model_registry.config import ModelSpec
+from model_registry.devices import gate
 from model_registry.errors import ModelUnavailable
-from model_registry.memory import CudaReading, cuda_footprint, gate, load_and_measure
+from model_registry.memory import CudaReading, cuda_footprint, load_and_measure
 from tests.builders.text import tiny_bert
 
 torch = pytest.importorskip("torch")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from model_registry.classify import classification
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.ranking import check_rerank_input, classification, ranking, rerank_method
-from model_registry.scoring import sparse_dot
+from model_registry.ranking import check_rerank_input, ranking, rerank_method
+from model_registry.similarity import sparse_dot
 from model_registry.types import Capability, Labels, SparseVector
 
 

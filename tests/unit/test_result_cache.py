@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from model_registry import ConfigError, Registry
-from model_registry.adapters.fake import fake_vector
+from model_registry.adapters.fake import FakeAdapter, fake_vector
 from model_registry.config import ModelSpec
 from model_registry.result_cache import Disk, Entry, Memory, entry, item_key, model_identity, outcome, recording
 from model_registry.types import Embedding, EmbedItem, Labels, Media, Modality, Output, Score, SparseVector, Text
@@ -50,7 +50,7 @@ def test_media_is_keyed_by_its_bytes_not_by_where_it_came_from() -> None:
 def test_the_identity_follows_the_settings_that_change_results_not_the_name() -> None:
     def identity(**changes: Any) -> str:
         spec = ModelSpec.model_validate({"name": "a", "source": "fake", "kind": "fake", **changes})
-        return model_identity(spec, object())
+        return model_identity(spec, FakeAdapter({}))
 
     assert identity() == identity(name="b", pin=True, cache={"bytes": 1000})
     assert identity() != identity(options={"dimensions": 16})

@@ -25,9 +25,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_registry.types import Capability, Item, Kind, Prepared, Result
+
+if TYPE_CHECKING:
+    from model_registry.adapters.text import TextTokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,14 @@ class Adapter(abc.ABC):
     default_prompt_name: str | None = None
     #: Whether a rerank request may give its own instruction (`PairItem.instruction`).
     rerank_instructions: bool = False
+    #: Where the loaded model runs and in what precision (a torch dtype or its name); None
+    #: until loaded, or where the adapter has no say (the configured values stand then).
+    device: str | None = None
+    dtype: Any = None
+    #: Whether a request may lower the token limit of its texts (`EmbedItem.max_tokens`).
+    token_caps: bool = False
+    #: The ends an over-long text may be cut at ("right" keeps its start).
+    truncation_sides: tuple[str, ...] = ("right",)
 
     def build(self, options: LoadOptions) -> None:
         """Make the files `load` will read without touching the device: an ONNX export or a
@@ -118,6 +129,11 @@ class Adapter(abc.ABC):
         """What a batch takes from the budget: `count` items, the costliest `longest`, summing to
         `total`. Padded backends pay for the padding, hence the default."""
         return count * longest
+
+    def text_tokenizer(self) -> TextTokenizer | None:
+        """The tokenizer behind `/tokenize`, `/decode`, token caps and long-input windows (None
+        where the model reads no plain text)."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """Extra facts for `/models` (pooling, prompts, labels...)."""

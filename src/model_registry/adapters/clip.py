@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from model_registry.adapters.towers import TwoTowerAdapter, features
+from model_registry.decoding import crop_for_center_crop, decode_image, processing
 from model_registry.detect import Layout
-from model_registry.media import crop_for_center_crop, decode_image, processing
 from model_registry.types import Capability, Kind, Media, Modality, Prepared
 
 

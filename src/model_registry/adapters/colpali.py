@@ -22,9 +22,9 @@ from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
 from model_registry.backends.weights import from_pretrained_checked
+from model_registry.decoding import MediaLimits, decode_image, media_of, processing
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.media import MediaLimits, decode_image, media_of, processing
 from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Modality, Output, Prepared, Result, Text
 
 _CLASSES = {"ColPaliForRetrieval": "ColPaliForRetrieval", "ColQwen2ForRetrieval": "ColQwen2ForRetrieval"}

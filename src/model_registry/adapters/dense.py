@@ -22,6 +22,7 @@ from model_registry.backends import create_engine
 from model_registry.backends import torch as backend
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.choice import Choice
+from model_registry.backends.weights import weight_bytes
 from model_registry.detect import DenseLayer, Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.types import (
@@ -164,6 +165,9 @@ class TextEncoder(Adapter):
         working = backend.activation_estimate(config, options.max_batch_tokens, self.max_length, torch.float32)
         self._footprint = engine.footprint() + working
 
+    def text_tokenizer(self) -> TextTokenizer | None:
+        return self.tokenizer
+
     def build(self, options: LoadOptions) -> None:
         """The engine's export or conversion, kept for `load_model`."""
         device = backend.resolve_device(options.device)
@@ -227,8 +231,6 @@ class TextEncoder(Adapter):
     def estimate(self, options: LoadOptions) -> int:
         """Weight files on disk plus the working memory of a full batch, before loading."""
         from transformers import AutoConfig
-
-        from model_registry.memory import weight_bytes
 
         directory = self.layout.transformer_dir
         config = AutoConfig.from_pretrained(str(directory), trust_remote_code=self.trust_remote_code)

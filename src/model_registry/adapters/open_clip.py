@@ -19,9 +19,9 @@ import torch
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.towers import tower_text
 from model_registry.backends import torch as backend
+from model_registry.decoding import MediaLimits, crop_for_center_crop, decode_image, media_of, processing
 from model_registry.detect import Layout
 from model_registry.errors import ModelUnavailable
-from model_registry.media import MediaLimits, crop_for_center_crop, decode_image, media_of, processing
 from model_registry.types import Capability, Embedding, Item, Kind, Modality, Prepared, Result
 
 

@@ -18,9 +18,9 @@ from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
 from model_registry.backends.weights import from_pretrained_checked
+from model_registry.decoding import MediaLimits, media_of
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.media import MediaLimits, media_of
 from model_registry.types import Embedding, EmbedItem, Item, Media, Modality, Output, Prepared, Result, Text
 
 TEXT = "text"

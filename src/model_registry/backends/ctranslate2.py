@@ -21,8 +21,9 @@ import psutil
 from model_registry.backends import build_process
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.cache import artifact_key, cached, invalidate, load_failed, writable_root
-from model_registry.backends.threads import compute_slot, intra_op_threads, lanes, run_in_lanes
+from model_registry.backends.threads import intra_op_threads, lanes, run_in_lanes
 from model_registry.backends.weights import from_pretrained_checked
+from model_registry.devices import compute_slot
 from model_registry.errors import ModelUnavailable
 
 log = logging.getLogger(__name__)

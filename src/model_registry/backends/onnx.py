@@ -24,7 +24,8 @@ import psutil
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.cache import invalidate, load_failed
 from model_registry.backends.onnx_build import OUTPUT, artifact_for
-from model_registry.backends.threads import compute_slot, intra_op_threads, lanes, run_in_lanes
+from model_registry.backends.threads import intra_op_threads, lanes, run_in_lanes
+from model_registry.devices import compute_slot
 from model_registry.errors import ModelUnavailable
 
 log = logging.getLogger(__name__)

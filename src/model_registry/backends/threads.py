@@ -1,21 +1,12 @@
-"""One compute pool per device, shared by every model and engine.
+"""How an engine uses the CPU's cores while it holds the device's compute slot
+(`devices.compute_slot`: one forward pass per device at a time, each with every core).
 
-Every forward pass on a device holds that device's slot while it runs: two models called at once
-take turns, each with every core, instead of running 2 x cores threads on the cores
-(oversubscription: both slower than in turn, and latency that jitters). Tokenizing and pooling run
-outside the slot, so they overlap the other model's forward.
-
-How an engine uses the cores while it holds the slot: its intra-op threads, sized to the cores
-(torch's process-wide pool, ONNX Runtime's and CTranslate2's per-model pools), and for ONNX Runtime
-and CTranslate2 on CPU also lanes. A batch of several rows is cut into two row ranges (`lanes`) run
-at once over the same weights (`run_in_lanes`: one ONNX Runtime session called from two threads,
-sharing its pool; two CTranslate2 replicas sharing the weights, each with half the threads, two at
-least in float and one at least in int8: `ctranslate2.replica_threads`); a single row runs alone,
-with every thread of its lane. Measured with the bundled MiniLM on a 2-core
-host against one run per batch (docs/backends.md): int8 serves 1.1-2.1x the bulk throughput,
-fp32 0.95-1.15x, one short sentence at a time is as fast or faster (CTranslate2 int8 back to
-back: 3 ms against 9), and one long document as fast within 11%: an engine's own pool makes its
-threads wait for each other at every operator, and two independent runs seldom wait on each other.
+Its intra-op threads are sized to the cores (torch's process-wide pool, ONNX Runtime's and
+CTranslate2's per-model pools). ONNX Runtime and CTranslate2 on CPU also cut a batch of several
+rows into two row ranges (`lanes`) run at once over the same weights (`run_in_lanes`: one ONNX
+Runtime session called from two threads, or two CTranslate2 replicas sharing the weights); a
+single row runs alone with every thread. Two independent runs seldom wait on each other, while
+one engine's pool waits for all its threads at every operator. Figures: docs/backends.md.
 """
 
 from __future__ import annotations
@@ -23,13 +14,11 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
 
 import numpy as np
 
-_slots: dict[str, threading.Lock] = {}
 _guard = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
@@ -47,23 +36,13 @@ def intra_op_threads(requested: int | None) -> int:
 
 #: Lanes a CPU batch is cut across by default. Two, not one per core: each lane's run keeps the
 #: engine's intra-op threads, so that a single row still has the cores, and more lanes would
-#: oversubscribe them (measured on 2 cores only; see the module's text).
+#: oversubscribe them (measured on 2 cores only; docs/backends.md).
 LANES = 2
 
 
 def lanes(requested: int | None) -> int:
     """Lanes a CPU batch is cut across: as configured, else `LANES` where there are that many cores."""
     return max(1, requested or min(LANES, cores()))
-
-
-@contextmanager
-def compute_slot(device: str) -> Iterator[None]:
-    """Hold `device`'s slot for one forward pass (CUDA devices each have their own slot)."""
-    key = "cpu" if not device.startswith("cuda") else device if ":" in device else "cuda:0"
-    with _guard:
-        slot = _slots.setdefault(key, threading.Lock())
-    with slot:
-        yield
 
 
 def row_ranges(rows: int, parts: int) -> list[slice]:

@@ -17,8 +17,9 @@ import torch
 
 from model_registry.backends import packed
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
-from model_registry.backends.threads import compute_slot, cores
+from model_registry.backends.threads import cores
 from model_registry.backends.weights import from_pretrained_checked
+from model_registry.devices import compute_slot
 from model_registry.errors import ModelUnavailable
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -58,3 +58,20 @@ def _message(auto_class: Any, task: str, missing: list[str], mismatched: list[st
 def _some(keys: list[str]) -> str:
     shown = ", ".join(keys[:_SHOWN])
     return shown + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")
+
+
+_PICKLED = (".bin", ".pt", ".pth")
+
+
+def weight_bytes(directory: Path) -> int:
+    """Bytes of torch weight files under `directory`: a fair first estimate of a model's weights.
+
+    Where a folder has both safetensors and pickled weights they are copies, so only the
+    safetensors count; other backends' files (ONNX, CTranslate2) are not what torch loads.
+    """
+    total = 0
+    for folder in (directory, *(p for p in directory.rglob("*") if p.is_dir())):
+        files = [p for p in folder.iterdir() if p.is_file()]
+        chosen = [p for p in files if p.suffix == ".safetensors"] or [p for p in files if p.suffix in _PICKLED]
+        total += sum(p.stat().st_size for p in chosen)
+    return total

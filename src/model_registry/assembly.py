@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from model_registry import memory
+from model_registry import devices, memory
 from model_registry.adapters import Adapter
 from model_registry.admission import COLD_START_COST, Backlog
 from model_registry.batching import BatchQueue
@@ -58,14 +58,14 @@ def assemble(
 
 def memory_device_of(spec: ModelSpec) -> str:
     # The fake model holds host memory whatever device it is given.
-    return "cpu" if spec.kind == Kind.FAKE else memory.memory_device(spec.device)
+    return "cpu" if spec.kind == Kind.FAKE else devices.memory_device(spec.device)
 
 
 def batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
     """The model's batch budget: its own `max_batch_tokens`, else a default for its device."""
     if spec.max_batch_tokens:
         return spec.max_batch_tokens
-    return default_batch_tokens(str(getattr(adapter, "device", spec.device)))
+    return default_batch_tokens((adapter.device if adapter else None) or spec.device)
 
 
 def default_batch_tokens(device: str) -> int:

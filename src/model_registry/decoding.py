@@ -15,19 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.types import (
-    Capability,
-    Embedding,
-    EmbedItem,
-    Item,
-    Media,
-    Modality,
-    Output,
-    Result,
-    Results,
-    Score,
-)
+from model_registry.errors import InvalidInput
+from model_registry.types import EmbedItem, Item, Media, Modality
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -283,34 +272,3 @@ def media_of(index: int, item: Item, allowed: frozenset[Modality]) -> Media | No
         accepted = ", ".join(sorted(m.value for m in allowed)) or "text"
         raise _bad(index, f"this model cannot embed {content.modality.value}; it takes {accepted} and text")
     return content
-
-
-# ---- rerank of media against a text query ------------------------------------------------------
-
-
-def media_rerank_outputs(model: str, capabilities: frozenset[Capability], query: str) -> tuple[Output, ...]:
-    """What to embed for `Registry.rerank_media`: multi-vectors for late-interaction models, else dense."""
-    if not {Capability.EMBED_IMAGE, Capability.EMBED_AUDIO} & capabilities:
-        raise UnsupportedOperation(
-            f"the model '{model}' does not embed images or audio; rerank media with a CLIP, CLAP or ColPali model",
-            param="model",
-        )
-    if not isinstance(query, str) or not query.strip():
-        raise InvalidInput("the query must be non-empty text", param="query")
-    return (Output.MULTIVECTOR,) if Capability.MULTIVECTOR in capabilities else (Output.DENSE,)
-
-
-def _array(result: Result, multivector: bool) -> np.ndarray:
-    array = (result.multivector if multivector else result.dense) if isinstance(result, Embedding) else None
-    assert array is not None, "This is a bug: an embedding model returned no vector for an input"
-    return array
-
-
-def media_scores(query: Results, documents: Results, *, multivector: bool) -> Results:
-    """MaxSim (multi-vectors) or cosine (dense) of the one query against each document."""
-    from model_registry.scoring import cosine, maxsim
-
-    asked = _array(query.items[0], multivector)
-    vectors = [_array(d, multivector) for d in documents.items]
-    scores = [maxsim(asked, d) for d in vectors] if multivector else cosine(asked, np.stack(vectors)).tolist()
-    return Results(tuple(Score(float(s)) for s in scores), query.tokens + documents.tokens)

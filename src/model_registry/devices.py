@@ -1,0 +1,93 @@
+"""Per-device state, one owner: which device a model's memory lives on, and the two locks each
+device has in this process.
+
+- The gate (`gate`): many batches run on a device at once, or one load measures its memory alone,
+  so that CUDA's per-device peak counter reads that load's own peak.
+- The compute slot (`compute_slot`): one forward pass at a time per device, each with every core,
+  instead of two models' thread pools oversubscribing the same cores.
+
+Nothing here imports torch unless a CUDA device is asked about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import threading
+from collections.abc import Iterator
+
+
+def memory_device(requested: str) -> str:
+    """The device whose memory a model with `device: requested` will use ('cpu' or 'cuda:N')."""
+    if requested == "auto":
+        return "cuda:0" if cuda_available() else "cpu"
+    if requested == "cuda":
+        return "cuda:0"
+    return requested
+
+
+def cuda_available() -> bool:
+    """True when torch is installed and sees a CUDA device; never imports torch needlessly."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+class DeviceGate:
+    """Lets many batches run on a device at once (`shared`), or one measurement alone (`exclusive`).
+
+    CUDA's peak-memory counter is per device, not per model: while a load measures its warm-up,
+    other models' batches on the same device wait, so the peak it reads is its own."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._measuring = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._measuring)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._measuring)
+            self._measuring = True
+            self._cond.wait_for(lambda: self._running == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._measuring = False
+                self._cond.notify_all()
+
+
+_gates: dict[str, DeviceGate] = {}
+_slots: dict[str, threading.Lock] = {}
+_registering = threading.Lock()
+
+
+def gate(device: str) -> DeviceGate:
+    """The gate of `device` ('cpu', 'cuda:0', ...), one per process."""
+    with _registering:
+        return _gates.setdefault(device, DeviceGate())
+
+
+@contextlib.contextmanager
+def compute_slot(device: str) -> Iterator[None]:
+    """Hold `device`'s slot for one forward pass (CUDA devices each have their own slot)."""
+    key = "cpu" if not device.startswith("cuda") else device if ":" in device else "cuda:0"
+    with _registering:
+        slot = _slots.setdefault(key, threading.Lock())
+    with slot:
+        yield

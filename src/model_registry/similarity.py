@@ -1,0 +1,36 @@
+"""Relevance scores between embeddings, shared by every rerank path that has no cross-encoder."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from model_registry.types import SparseVector
+
+Array = npt.NDArray[np.float32]
+
+
+def cosine(query: Array, documents: Array) -> Array:
+    """Cosine similarity of one query vector (d,) with each document row (n, d)."""
+    q = query / max(float(np.linalg.norm(query)), 1e-12)
+    norms = np.maximum(np.linalg.norm(documents, axis=1), 1e-12)
+    scores: Array = (documents @ q) / norms
+    return scores.astype(np.float32)
+
+
+def maxsim(query: Array, document: Array) -> float:
+    """Late-interaction score: for each query token, the best dot product over document tokens, summed.
+
+    `query` is (q, d) and `document` is (t, d); padding must already be removed.
+    """
+    if query.size == 0 or document.size == 0:
+        return 0.0
+    return float((query @ document.T).max(axis=1).sum())
+
+
+def sparse_dot(query: SparseVector, document: SparseVector) -> float:
+    """Dot product of two sparse vectors given as sorted or unsorted (indices, values)."""
+    common, q_at, d_at = np.intersect1d(query.indices, document.indices, assume_unique=True, return_indices=True)
+    if common.size == 0:
+        return 0.0
+    return float(np.dot(np.asarray(query.values)[q_at], np.asarray(document.values)[d_at]))

@@ -1,0 +1,123 @@
+"""What a request may ask of a model, checked before any work: its inputs, outputs, prompt,
+truncation side and instruction. Every refusal is an `InvalidInput` (400) or an
+`UnsupportedOperation` that names the parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from model_registry.adapters.base import Adapter
+from model_registry.adapters.text import TextTokenizer
+from model_registry.config import RegistryConfig
+from model_registry.errors import InvalidInput, UnsupportedOperation
+from model_registry.types import Capability, Content, Media, Output, Text, TokenIds
+
+RawInput = str | Sequence[int] | Content
+
+
+def contents(inputs: Sequence[RawInput], config: RegistryConfig) -> list[Content]:
+    """The request's inputs as contents: a non-empty list within the registry's limits."""
+    if isinstance(inputs, str) or not isinstance(inputs, Sequence):
+        raise InvalidInput("input must be a list", param="input")
+    if not inputs:
+        raise InvalidInput("input must not be empty", param="input")
+    limit = config.max_inputs_per_request
+    if len(inputs) > limit:
+        raise InvalidInput(f"input has {len(inputs)} items; at most {limit} are accepted per request", param="input")
+    return [content(i, value, config.max_input_chars) for i, value in enumerate(inputs)]
+
+
+def texts(inputs: Sequence[str], config: RegistryConfig, refusal: str, param: str = "input") -> list[str]:
+    """The request's inputs, which must all be texts (else `refusal`)."""
+    checked = contents(inputs, config)
+    if not all(isinstance(c, Text) for c in checked):
+        raise InvalidInput(refusal, param=param)
+    return [c.text for c in checked if isinstance(c, Text)]
+
+
+def content(index: int, raw: RawInput, max_chars: int) -> Content:
+    value: object = raw
+    if isinstance(raw, str):
+        value = Text(raw)
+    elif isinstance(raw, Sequence) and not isinstance(raw, (bytes, bytearray)):
+        if not raw or not all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+            raise InvalidInput(f"input {index} must be a string or a non-empty list of token ids", param="input")
+        value = TokenIds(tuple(int(t) for t in raw))
+    if isinstance(value, Text):
+        if not value.text.strip():
+            raise InvalidInput(f"input {index} is empty; every input needs some text", param="input")
+        if len(value.text) > max_chars:
+            raise InvalidInput(
+                f"input {index} has {len(value.text):,} characters; the limit is {max_chars:,}", param="input"
+            )
+    if not isinstance(value, (Text, TokenIds, Media)):
+        raise InvalidInput(f"input {index} is of an unsupported type {type(raw).__name__}", param="input")
+    return value
+
+
+def require_outputs(model: str, adapter: Adapter, wanted: frozenset[Output]) -> None:
+    """`UnsupportedOperation` unless the model produces every output in `wanted`."""
+    caps = adapter.capabilities
+    needed = {Output.SPARSE: Capability.SPARSE, Output.MULTIVECTOR: Capability.MULTIVECTOR}
+    missing = [o.value for o in wanted if o in needed and needed[o] not in caps]
+    dense_capable = {Capability.EMBED_TEXT, Capability.EMBED_IMAGE, Capability.EMBED_AUDIO} & caps
+    if Output.DENSE in wanted and not dense_capable:
+        missing.append("dense")
+    if missing:
+        have = ", ".join(sorted(c.value for c in caps)) or "none"
+        raise UnsupportedOperation(
+            f"the model '{model}' cannot produce {', '.join(missing)} output; its capabilities are: {have}",
+            param="model",
+        )
+
+
+def require(model: str, adapter: Adapter, capability: Capability, verb: str) -> None:
+    """`UnsupportedOperation` unless the model has `capability` (`verb` says what it cannot do)."""
+    if capability not in adapter.capabilities:
+        have = ", ".join(sorted(c.value for c in adapter.capabilities)) or "none"
+        raise UnsupportedOperation(f"the model '{model}' cannot {verb}; its capabilities are: {have}", param="model")
+
+
+def check_instruction(adapter: Adapter, model: str, instruction: str | None) -> None:
+    if instruction is not None and not adapter.rerank_instructions:
+        raise UnsupportedOperation(
+            f"the model '{model}' takes no instruction; only LLM rerankers whose prompt has one do",
+            param="instruction",
+        )
+
+
+def cut_left(adapter: Adapter, model: str, direction: str, *, pairs: bool = False) -> bool:
+    """Whether to cut at the start; pair and classify inputs are cut by the task, before the adapter."""
+    sides = ("right", "left") if pairs else adapter.truncation_sides
+    if direction not in ("left", "right"):
+        raise InvalidInput(
+            f"truncation_direction must be left or right, got '{direction}'", param="truncation_direction"
+        )
+    if direction not in sides:
+        raise UnsupportedOperation(
+            f"the model '{model}' cuts over-long texts only on the {' or '.join(sides)}; "
+            f"truncation_direction '{direction}' is not available for it",
+            param="truncation_direction",
+        )
+    return direction == "left"
+
+
+def prompt_text(adapter: Adapter, prompt_name: str | None, prompt: str | None) -> str:
+    """The prompt a request asks for: its own text, a named one of the model's, or the default."""
+    if prompt is not None:
+        return prompt
+    name = prompt_name or adapter.default_prompt_name
+    if name is None:
+        return ""
+    if name not in adapter.prompts:
+        known = ", ".join(sorted(adapter.prompts)) or "none"
+        raise InvalidInput(f"unknown prompt_name '{name}'; this model's prompts are: {known}", param="prompt_name")
+    return adapter.prompts[name]
+
+
+def text_tokenizer(adapter: Adapter, model: str) -> TextTokenizer:
+    tokenizer = adapter.text_tokenizer()
+    if tokenizer is None:
+        raise UnsupportedOperation(f"the model '{model}' has no text tokenizer to show", param="model")
+    return tokenizer
