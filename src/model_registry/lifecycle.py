@@ -279,7 +279,7 @@ class Lifecycle:
 
     async def _off_loop(self, deadline: float, loading: ModelHandle | None, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a
-        timeout, the memory `loading` was charged stays charged (to the device, no longer to the
+        timeout, the memory `loading` was charged stays charged (to the device, not to the
         model) until the thread has finished and whatever it loaded is unloaded."""
         work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
         try:

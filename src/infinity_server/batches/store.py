@@ -137,7 +137,7 @@ class Store:
             raise HTTPError(
                 413,
                 f"batch storage is full: {used:,} of {disk_budget:,} bytes (server.batch_max_disk_bytes) are in "
-                f"use and this file has {record.bytes:,}; delete files you no longer need (DELETE /v1/files/{{id}})",
+                f"use and this file has {record.bytes:,}; delete files you do not need (DELETE /v1/files/{{id}})",
                 code="storage_full",
             )
         with self._db:

@@ -3,7 +3,7 @@
 An artifact lives in `<root>/<engine>/<key>/`, where the key hashes the model files' contents, the
 versions of the libraries that produced it and the options it was built with; any change gives a
 new artifact. Each artifact directory holds a `manifest.json` with the size and SHA-256 of every
-file, written last: a directory without it, whose files no longer match it, or that holds a file
+file, written last: a directory without it, whose files do not match it, or that holds a file
 it does not list, is corrupt or stale and is rebuilt, never loaded.
 
 What the cache holds runs in the server, so it trusts only what the server's user alone can

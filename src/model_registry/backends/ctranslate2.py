@@ -82,7 +82,7 @@ def convert_here(directory: str, staging: str, trust_remote_code: bool, task: Ta
 
 def _with_converter_defaults(directory: Path, view: Path) -> Path:
     """A view of `directory` (links to its files) whose config.json has the keys the converter
-    reads but transformers 5 no longer writes (`position_embedding_type`, absolute by default)."""
+    reads but transformers 5 does not write (`position_embedding_type`, absolute by default)."""
     view.mkdir()
     for path in directory.iterdir():
         if path.name != "config.json":
