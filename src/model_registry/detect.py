@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from model_registry import detect_rules as rules
 from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
 from model_registry.llm_rerank import RerankPrompt
@@ -84,6 +85,8 @@ class Layout:
     remote_code: bool = False
     #: Facts for `/models`: the catalogue record matched, where the model's code comes from.
     notes: dict[str, str] = field(default_factory=dict)
+    #: The adapter of a layout served unlike its kind's default (`detect_rules`' family stage).
+    family: str | None = None
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -143,78 +146,23 @@ def _sentence_transformers(root: Path, modules: list[dict[str, Any]]) -> dict[st
     return found
 
 
-_MEDIA_KINDS = {
-    "clip": Kind.IMAGE_TEXT,
-    "siglip": Kind.IMAGE_TEXT,
-    "siglip2": Kind.IMAGE_TEXT,
-    "clap": Kind.AUDIO_TEXT,
-    "colpali": Kind.PAGE_TEXT,
-    "colqwen2": Kind.PAGE_TEXT,
-}
-_MEDIA_ARCHITECTURES = {
-    "CLIPModel": Kind.IMAGE_TEXT,
-    "SiglipModel": Kind.IMAGE_TEXT,
-    "Siglip2Model": Kind.IMAGE_TEXT,
-    "ClapModel": Kind.AUDIO_TEXT,
-    "ColPaliForRetrieval": Kind.PAGE_TEXT,
-    "ColQwen2ForRetrieval": Kind.PAGE_TEXT,
-}
-
-
-def _kind_from_architectures(model_type: str, architectures: tuple[str, ...]) -> Kind:
-    media = [_MEDIA_ARCHITECTURES[a] for a in architectures if a in _MEDIA_ARCHITECTURES]
-    if media or model_type in _MEDIA_KINDS:
-        return media[0] if media else _MEDIA_KINDS[model_type]
-    if any(arch.endswith("ForSequenceClassification") for arch in architectures):
-        return Kind.RERANKER
-    return Kind.DENSE
-
-
-def _auto_kind(
-    root: Path, config: dict[str, Any], found: dict[str, Any], model_type: str, architectures: tuple[str, ...]
-) -> Kind:
-    from model_registry.detect_zoo import is_causal_lm, zoo_kind
-
-    kind = zoo_kind(root, config, found.get("modules", ())) or _kind_from_architectures(model_type, architectures)
-    if kind == Kind.DENSE and "Pooling" not in found.get("modules", ()) and is_causal_lm(architectures):
-        raise ModelUnavailable(
-            f"{root} holds a causal language model ({', '.join(architectures)}) with no sentence-transformers "
-            "pooling: its files do not say it embeds text. Set `kind: reranker` for a yes/no LLM reranker "
-            "(Qwen3-Reranker, bge-reranker-v2-gemma, mxbai-rerank-v2), or `kind: dense` with `pooling: lasttoken` "
-            "for an embedder whose files lack the sentence-transformers modules."
-        )
-    if kind == Kind.DENSE and "Pooling" not in found.get("modules", ()) and _masked_lm_only(architectures):
-        raise ModelUnavailable(
-            f"{root} holds a bare masked-language model ({', '.join(architectures)}) with no pooling configured: "
-            "it may be a SPLADE checkpoint or an encoder that was never trained for embeddings, and the files "
-            "do not say which. Set `kind: sparse` for SPLADE, or `kind: dense` to mean-pool its hidden states."
-        )
-    return kind
-
-
-def _masked_lm_only(architectures: tuple[str, ...]) -> bool:
-    return bool(architectures) and all(a.endswith("ForMaskedLM") for a in architectures)
-
-
 def detect(root: Path, spec: ModelSpec) -> Layout:
-    """Detect the layout of `root`, then apply the overrides that `spec` sets."""
-    modules = json.loads((root / "modules.json").read_text()) if (root / "modules.json").is_file() else None
+    """Detect the layout of `root` by the rules of `detect_rules`, then apply the overrides that
+    `spec` sets."""
+    modules = _modules(root)
     found = _sentence_transformers(root, modules) if isinstance(modules, list) else {}
-    transformer_dir = Path(found.get("transformer_dir", root))
-    if not (transformer_dir / "config.json").is_file() and (root / "open_clip_config.json").is_file():
+    facts = _facts(root, Path(found.get("transformer_dir", root)), modules, spec)
+    if rules.first(facts, "layout") is not None:
         return open_clip_layout(root, spec)
-    config = read_json(transformer_dir / "config.json")
-    if not config and spec.kind != Kind.FAKE:
-        raise ModelUnavailable(f"no config.json in {transformer_dir}: not a transformers model directory")
+    origin = rules.origin(facts)
+    transformer_dir, config = facts.transformer_dir, facts.config
     model_type = str(config.get("model_type", ""))
-    architectures = tuple(str(a) for a in config.get("architectures") or ())
-    decoder = model_type in _DECODER_TYPES
-    remote, notes = _code_origin((root, transformer_dir), config, modules, model_type, spec)
     if "pooling" not in found:
-        found["pooling"] = "lasttoken" if decoder else "mean"
+        found["pooling"] = "lasttoken" if model_type in _DECODER_TYPES else "mean"
         found.setdefault("normalize", True)
+    kind = facts.kind or rules.kind(facts)
+    family = rules.family(facts, kind)
     st_extra = read_json(root / "config_sentence_transformers.json")
-    kind = spec.kind if spec.kind != "auto" else _auto_kind(root, config, found, model_type, architectures)
     prompts = dict(st_extra.get("prompts") or {})
     prompts.update(spec.prompts or {})
     return Layout(
@@ -222,7 +170,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         kind=kind,
         transformer_dir=transformer_dir,
         model_type=model_type,
-        architectures=architectures,
+        architectures=facts.architectures,
         pooling=spec.pooling or found["pooling"],
         include_prompt=found.get("include_prompt", True),
         normalize=spec.normalize if spec.normalize is not None else found.get("normalize", False),
@@ -233,58 +181,61 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         default_prompt_name=spec.default_prompt_name or st_extra.get("default_prompt_name"),
         query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),
         config=config,
-        modules=tuple(found.get("modules", ())),
+        modules=facts.modules,
         options=dict(spec.options),
-        rerank_prompt=_rerank_prompt(transformer_dir, kind, model_type, architectures, spec),
-        remote_code=remote,
-        notes=notes,
+        rerank_prompt=_rerank_prompt(transformer_dir, family, model_type, facts.architectures, spec),
+        remote_code=origin.remote,
+        notes=_notes(spec, origin),
+        family=family,
     )
 
 
-def _code_origin(
-    roots: tuple[Path, Path], config: dict[str, Any], modules: Any, model_type: str, spec: ModelSpec
-) -> tuple[bool, dict[str, str]]:
-    """Whether the checkpoint's own code runs, and the notes `/models` shows about it."""
+def read_facts(root: Path, spec: ModelSpec) -> rules.Facts:
+    """What the detection rules read of `root`, with the settings of `spec` that bear on them."""
+    modules = _modules(root)
+    found = _sentence_transformers(root, modules) if isinstance(modules, list) else {}
+    return _facts(root, Path(found.get("transformer_dir", root)), modules, spec)
+
+
+def _modules(root: Path) -> Any:
+    path = root / "modules.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _facts(root: Path, transformer_dir: Path, modules: Any, spec: ModelSpec) -> rules.Facts:
+    types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    return rules.Facts(
+        root=root,
+        transformer_dir=transformer_dir,
+        config=read_json(transformer_dir / "config.json"),
+        module_types=tuple(types),
+        trusted=spec.trust_remote_code,
+        rerank_keys=tuple(sorted(k for k, v in spec.rerank_overrides().items() if v is not None)),
+        kind=None if spec.kind == "auto" else Kind(spec.kind),
+    )
+
+
+def _notes(spec: ModelSpec, origin: rules.Origin) -> dict[str, str]:
+    """Facts for `/models`: the catalogue record matched, where the model's code comes from."""
     from model_registry.catalogue import match
-    from model_registry.detect_zoo import check_remote_code, native_port, remote_classes
 
     record = match(spec.source)
     notes = {"catalogue": record.id} if record else {}
-    types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
-    classes = remote_classes(config, types)
-    if native_port(model_type) is not None:
-        unused = " (the checkpoint's hub code is not run)" if classes else ""
-        notes["code"] = f"transformers' native {model_type} port{unused}"
-        return False, notes
-    unsupported = [t for t in types if t in classes and not t.endswith(".Transformer")]
-    if unsupported:
-        raise ModelUnavailable(
-            f"modules.json names {', '.join(unsupported)}: this server runs sentence-transformers' own "
-            "Pooling, Dense and Normalize modules, not a checkpoint's own"
-        )
-    check_remote_code(roots, classes, spec.trust_remote_code)
-    if classes:
-        notes["code"] = f"the checkpoint's own code ({', '.join(classes[:3])}), trust_remote_code: true"
-    return bool(classes), notes
+    if origin.note:
+        notes["code"] = origin.note
+    return notes
 
 
 def _rerank_prompt(
-    directory: Path, kind: Kind, model_type: str, architectures: tuple[str, ...], spec: ModelSpec
+    directory: Path, family: str | None, model_type: str, architectures: tuple[str, ...], spec: ModelSpec
 ) -> RerankPrompt | None:
-    """The prompt of a causal LM served as a reranker; the prompt keys on any other model are refused."""
-    from model_registry.detect_zoo import is_causal_lm
+    """The prompt of a causal LM served as a reranker (the `llm-reranker` family)."""
     from model_registry.llm_rerank import resolve
 
-    overrides = spec.rerank_overrides()
-    if kind == Kind.RERANKER and is_causal_lm(architectures):
-        return resolve(directory, model_type, architectures, read_json(directory / "tokenizer_config.json"), overrides)
-    if any(value is not None for value in overrides.values()):
-        keys = ", ".join(sorted(k for k, v in overrides.items() if v is not None))
-        raise ModelUnavailable(
-            f"{keys} apply to LLM rerankers (a causal LM with kind: reranker); this model is a "
-            f"{kind.value} model ({', '.join(architectures) or model_type})"
-        )
-    return None
+    if family != "llm_reranker":
+        return None
+    tokenizer_config = read_json(directory / "tokenizer_config.json")
+    return resolve(directory, model_type, architectures, tokenizer_config, spec.rerank_overrides())
 
 
 def open_clip_layout(root: Path, spec: ModelSpec) -> Layout:
@@ -293,4 +244,12 @@ def open_clip_layout(root: Path, spec: ModelSpec) -> Layout:
     if not isinstance(config.get("model_cfg"), dict):
         raise ModelUnavailable(f"{root / 'open_clip_config.json'} has no 'model_cfg' object")
     kind = spec.kind if spec.kind != "auto" else Kind.IMAGE_TEXT
-    return Layout(root=root, kind=kind, transformer_dir=root, model_type="open_clip", architectures=(), config=config)
+    return Layout(
+        root=root,
+        kind=kind,
+        transformer_dir=root,
+        model_type="open_clip",
+        architectures=(),
+        config=config,
+        family="open_clip",
+    )

@@ -1,21 +1,15 @@
-"""Kinds beyond dense text, recognised from a directory's own files.
+"""The facts about a directory's files that the detection rules (`detect_rules`) read.
 
-- BGE-M3 (FlagEmbedding layout): `colbert_linear.pt` and `sparse_linear.pt` beside the encoder.
-- colbert-ai checkpoints: `artifact.metadata`; PyLate checkpoints: a sentence-transformers layout
-  with a Dense projection, no Pooling, and ColBERT lengths or prefixes in its configuration.
-- SPLADE in the sentence-transformers SparseEncoder layout (`MLMTransformer` / `SpladePooling`).
-- `*ForSequenceClassification`: one label is a reranker, several a classifier.
-- A causal LM whose chat template renders the `query` and `document` roles: an LLM reranker.
-
-Code outside the libraries (`auto_map` in config.json, a modules.json module outside
-sentence_transformers) runs only with `trust_remote_code: true` and, when HF_HUB_OFFLINE is
-set, only from files already here (the model directory or the local hub cache). Where
-transformers ships a native port of the family, the port serves it and the hub code is ignored.
+- label counts of classification heads, PyLate's layout, causal LMs, chat templates that
+  render the `query` and `document` roles (an LLM reranker's);
+- code outside the libraries: `auto_map` in config.json, a modules.json module outside
+  sentence_transformers and PyLate. It runs only with `trust_remote_code: true` and, when
+  HF_HUB_OFFLINE is set, only from files already here (the model directory or the local hub
+  cache).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Sequence
@@ -24,14 +18,8 @@ from typing import Any
 
 from model_registry.errors import ModelUnavailable
 from model_registry.llm_rerank import chat_template, has_pair_roles
-from model_registry.types import Kind
 
 _CAUSAL_LM = ("ForCausalLM", "LMHeadModel")
-#: model_type -> transformers' native port of a family published with hub code.
-NATIVE_PORTS = {
-    "nomic_bert": "transformers.models.nomic_bert",
-    "jina_embeddings_v3": "transformers.models.jina_embeddings_v3",
-}
 #: Libraries whose modules this server implements itself (PyLate's Dense in PyLate checkpoints).
 _LIBRARY_MODULES = ("sentence_transformers.", "pylate.")
 _PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length", "do_query_expansion")
@@ -61,29 +49,14 @@ def is_causal_lm(architectures: Sequence[str]) -> bool:
     return any(a.endswith(_CAUSAL_LM) for a in architectures)
 
 
-def _reranker_chat_template(root: Path) -> bool:
+def reranker_chat_template(root: Path) -> bool:
+    """Whether the tokenizer's chat template renders the `query` and `document` roles."""
     path = root / "tokenizer_config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         return has_pair_roles(chat_template(root, config if isinstance(config, dict) else {}))
     except (OSError, ValueError):
         return False
-
-
-def zoo_kind(root: Path, config: dict[str, Any], modules: Sequence[str]) -> Kind | None:
-    """The kind these files say, or None to fall back to the dense rules."""
-    if (root / "colbert_linear.pt").is_file() and (root / "sparse_linear.pt").is_file():
-        return Kind.MULTI_OUTPUT
-    if (root / "artifact.metadata").is_file() or is_pylate(root, modules):
-        return Kind.MULTIVECTOR
-    if "SpladePooling" in modules or "MLMTransformer" in modules:
-        return Kind.SPARSE
-    architectures = [str(a) for a in config.get("architectures") or ()]
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
-        return Kind.RERANKER if label_count(config) == 1 else Kind.CLASSIFIER
-    if is_causal_lm(architectures) and _reranker_chat_template(root):
-        return Kind.RERANKER
-    return None
 
 
 def remote_classes(config: dict[str, Any], module_types: Sequence[str]) -> list[str]:
@@ -99,34 +72,35 @@ def remote_classes(config: dict[str, Any], module_types: Sequence[str]) -> list[
     return list(dict.fromkeys(named))
 
 
-def native_port(model_type: str) -> str | None:
-    """transformers' own module for a family published with hub code, when installed."""
-    module = NATIVE_PORTS.get(model_type)
-    try:
-        return module if module and importlib.util.find_spec(module) is not None else None
-    except ImportError:
-        return None
-
-
 def check_remote_code(roots: Sequence[Path], classes: list[str], trusted: bool) -> None:
     """Refuse code outside the libraries unless trusted and, offline, present in `roots` (the
     model and its transformer directory) or the local hub cache."""
+    message = untrusted_code(roots[0], classes) if not trusted else offline_code(roots, classes)
+    if message:
+        raise ModelUnavailable(message)
+
+
+def untrusted_code(root: Path, classes: Sequence[str]) -> str | None:
+    """The refusal of code outside the libraries run without `trust_remote_code`."""
     if not classes:
-        return
-    shown, root = ", ".join(classes[:3]), roots[0]
-    if not trusted:
-        raise ModelUnavailable(
-            f"{root} names code outside transformers and sentence-transformers ({shown}): without it the model "
-            "would run as another architecture, with weights missing or unused. Set `trust_remote_code: true` on "
-            "the model to run that code (from the model directory or the local hub cache)"
-        )
+        return None
+    return (
+        f"{root} names code outside transformers and sentence-transformers ({', '.join(classes[:3])}): without it "
+        "the model would run as another architecture, with weights missing or unused. Set `trust_remote_code: true` "
+        "on the model to run that code (from the model directory or the local hub cache)"
+    )
+
+
+def offline_code(roots: Sequence[Path], classes: Sequence[str]) -> str | None:
+    """The refusal of trusted code that HF_HUB_OFFLINE keeps from being fetched and that is not here."""
     missing = [name for name in classes if all(_code_file(r, name) is None for r in roots)]
-    if missing and _offline():
-        raise ModelUnavailable(
-            f"`trust_remote_code: true`, but the code of {', '.join(missing)} is neither in {root} nor in the "
-            "local hub cache, and HF_HUB_OFFLINE is set: download the model and the repository its code lives "
-            "in (infinity-server download) before serving offline"
-        )
+    if not missing or not _offline():
+        return None
+    return (
+        f"`trust_remote_code: true`, but the code of {', '.join(missing)} is neither in {roots[0]} nor in the "
+        "local hub cache, and HF_HUB_OFFLINE is set: download the model and the repository its code lives "
+        "in (infinity-server download) before serving offline"
+    )
 
 
 def _code_file(root: Path, reference: str) -> Path | None:

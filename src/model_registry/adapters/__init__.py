@@ -68,13 +68,12 @@ def detect_kind(spec: ModelSpec) -> Kind:
     return detect(resolve_source(source, revision=spec.revision), spec).kind
 
 
-#: Layouts served by another adapter than their kind's default (model_type -> "module:class").
-LAYOUT_FACTORIES: dict[str, str] = {
+#: Families served by another adapter than their kind's default (`detect_rules`' family stage).
+FAMILY_FACTORIES: dict[str, str] = {
     "open_clip": "model_registry.adapters.open_clip:OpenClipAdapter",
-    "siglip2": "model_registry.adapters.naflex:NaflexAdapter",
+    "naflex": "model_registry.adapters.naflex:NaflexAdapter",
+    "llm_reranker": "model_registry.adapters.llm_reranker:LlmRerankerAdapter",
 }
-#: A causal LM served as a reranker (detection found its prompt): scored by its yes/no logits.
-LLM_RERANKER = "model_registry.adapters.llm_reranker:LlmRerankerAdapter"
 
 
 def _import(target: str) -> Any:
@@ -101,9 +100,7 @@ def create_adapter(spec: ModelSpec) -> Adapter:
     if layout.kind not in FACTORIES:
         served = ", ".join(sorted(k.value for k in FACTORIES))
         raise ModelUnavailable(f"models of kind '{layout.kind.value}' are not supported yet; supported: {served}")
-    target = LAYOUT_FACTORIES.get(layout.model_type, FACTORIES[layout.kind])
-    if layout.rerank_prompt is not None:
-        target = LLM_RERANKER
+    target = FAMILY_FACTORIES[layout.family] if layout.family else FACTORIES[layout.kind]
     # Only a checkpoint whose own code is needed runs it; a native port runs transformers' code.
     adapter: Adapter = _import(target)(layout, layout.remote_code)
     return adapter
