@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from benchmarks.soak import RssSampler, SoakResult, drive, soak_models
 
 from model_registry import ModelState
 from model_registry.handles import EventKind
+from tests.builders.soak import RssSampler, SoakResult, drive, soak_models
 
 # 2,000 requests over HTTP in all: seconds, not the milliseconds of a unit test.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
