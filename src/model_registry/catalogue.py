@@ -147,6 +147,14 @@ _RECORDS: tuple[Record, ...] = (
         note="served by transformers' native nomic_bert port: no remote code needed",
     ),
     Record(
+        "Alibaba-NLP/gte-multilingual-base",
+        "dense",
+        {"kind": "dense"},
+        pooling="cls",
+        max_length=8192,
+        note="new-impl layout (model_type 'new') served by transformers' native gte port: no remote code needed",
+    ),
+    Record(
         "jinaai/jina-embeddings-v3",
         "dense",
         {"kind": "dense"},

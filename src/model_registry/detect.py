@@ -17,6 +17,7 @@ from model_registry import detect_rules as rules
 from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
 from model_registry.llm_rerank import RerankPrompt
+from model_registry.native_ports import port_directory
 from model_registry.types import Kind
 
 _DECODER_TYPES = {
@@ -156,6 +157,8 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         return open_clip_layout(root, spec)
     origin = rules.origin(facts)
     transformer_dir, config = facts.transformer_dir, facts.config
+    if origin.port:
+        transformer_dir, config = port_directory(transformer_dir, config)
     model_type = str(config.get("model_type", ""))
     if "pooling" not in found:
         found["pooling"] = "lasttoken" if model_type in _DECODER_TYPES else "mean"

@@ -88,6 +88,8 @@ class Rule:
     kind: Kind | Callable[[Facts], Kind] | None = None
     family: str | None = None
     remote: bool | None = None
+    #: Code stage: transformers' native port runs the model (`native_ports`).
+    port: bool = False
     note: Callable[[Facts], str] | None = None
     refusal: Callable[[Facts], str] | None = None
 
@@ -102,6 +104,7 @@ class Origin:
 
     remote: bool = False
     note: str | None = None
+    port: bool = False
 
 
 _MEDIA_TYPES = {
@@ -207,8 +210,10 @@ RULES: tuple[Rule, ...] = (
         "native-port",
         "code",
         lambda f: native_port(f.model_type, f.architectures) is not None,
-        "transformers' own port runs it, without `trust_remote_code` (nomic_bert, jina_embeddings_v3)",
+        "transformers' own port runs it, without `trust_remote_code` (nomic_bert, jina_embeddings_v3, "
+        "gte-multilingual's `new` layout)",
         remote=False,
+        port=True,
         note=_port_note,
     ),
     Rule(
@@ -355,7 +360,7 @@ def origin(facts: Facts) -> Origin:
     rule = first(facts, "code")
     if rule is None:
         return Origin()
-    return Origin(remote=bool(rule.remote), note=rule.note(facts) if rule.note else None)
+    return Origin(remote=bool(rule.remote), note=rule.note(facts) if rule.note else None, port=rule.port)
 
 
 def kind(facts: Facts) -> Kind:

@@ -25,6 +25,7 @@ PUBLISHED = [
     "Alibaba-NLP/gte-modernbert-base",
     "nomic-ai/modernbert-embed-base",
     "nomic-ai/nomic-embed-text-v1.5",
+    "Alibaba-NLP/gte-multilingual-base",
     "jinaai/jina-embeddings-v3",
     "lightonai/GTE-ModernColBERT-v1",
     "answerdotai/answerai-colbert-small-v1",

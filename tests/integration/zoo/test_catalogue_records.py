@@ -17,6 +17,7 @@ import torch
 
 from model_registry.catalogue import RECORDS
 from tests.builders.catalogue import tiny_embeddinggemma, tiny_gte_modernbert, tiny_modernbert_embedder, tiny_nomic
+from tests.builders.gte import tiny_gte_multilingual
 from tests.builders.hub import lay_out_cache
 from tests.builders.llm_rerankers import (
     tiny_gemma_reranker,
@@ -59,6 +60,7 @@ LAYOUTS: dict[str, Builder] = {
     "Alibaba-NLP/gte-modernbert-base": tiny_gte_modernbert,
     "nomic-ai/modernbert-embed-base": tiny_modernbert_embedder,
     "nomic-ai/nomic-embed-text-v1.5": tiny_nomic,
+    "Alibaba-NLP/gte-multilingual-base": tiny_gte_multilingual,
 }
 
 
