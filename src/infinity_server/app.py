@@ -1,8 +1,8 @@
 """create_app(settings) -> Starlette. The lifespan owns the Registry; middleware are plain ASGI.
 
-Middleware, outermost first (each in its own module): the dialect's error shape, request context (id, timing headers,
-stage metrics, spans, access log), request metrics, the drain gate
-(graceful shutdown), body limit, authentication and scopes, the JSON content type (415).
+Middleware, outermost first (each in its own module): the request's route (its operation and error
+shape), request context (id, timing headers, stage metrics, spans, access log), request metrics,
+the drain gate (graceful shutdown), body limit, authentication and scopes, the content type (415).
 """
 
 from __future__ import annotations
@@ -20,21 +20,15 @@ from starlette.responses import Response
 
 from infinity_server import batches, openapi
 from infinity_server.api import admin, catalogue, cohere, encode, infinity, media, native, openai, tei, vllm
+from infinity_server.api.endpoint import api_routes
 from infinity_server.auth import Authenticate, keyring
 from infinity_server.body_limit import BodyLimit
 from infinity_server.content_type import JsonContentType
-from infinity_server.errors import (
-    DialectShape,
-    HTTPError,
-    Shape,
-    error_response,
-    handle_exception,
-    shape_of,
-    to_response,
-)
+from infinity_server.errors import HTTPError, error_response, handle_exception, shape_of, to_response
 from infinity_server.media import close_media_client
 from infinity_server.metrics import Metrics, RequestMetrics
 from infinity_server.request_context import RequestContext
+from infinity_server.routing import Routed, operations_of
 from infinity_server.settings import Settings
 from infinity_server.shutdown import Drain, DrainGate
 from infinity_server.tracing import Tracing
@@ -54,22 +48,28 @@ async def _http_exception(request: Request, error: Exception) -> Response:
 
 
 ROUTES = [
-    *openai.routes,
-    *native.routes,
-    *infinity.routes,
-    *cohere.routes,
-    *encode.routes,
-    *media.routes,
-    *admin.routes,
-    *catalogue.routes,
-    *tei.routes,
-    *vllm.routes,
-    *batches.routes,
-    *openapi.routes,
+    *api_routes(
+        *openai.operations,
+        *native.operations,
+        *infinity.operations,
+        *cohere.operations,
+        *encode.operations,
+        *media.operations,
+        *admin.operations,
+        *catalogue.operations,
+        *tei.operations,
+        *vllm.operations,
+        *batches.operations,
+        *openapi.operations,
+    ),
+    openapi.assets,
 ]
 
-#: Routes whose every error is in TEI's shape; `/rerank` answers in the shape of the body it was given.
-TEI_SHAPED = [route for route in tei.routes if getattr(route, "path", None) != "/rerank"]
+
+def body_limits(settings: Settings) -> dict[str, int]:
+    """Per path, the body limit of a route that replaces `server.max_body_bytes` (the batch file upload's)."""
+    limits = {op.path: op.max_body(settings.server) for op in operations_of(ROUTES) if op.max_body is not None}
+    return {path: limit for path, limit in limits.items() if limit is not None}
 
 
 def create_app(settings: Settings, registry: Registry | None = None, *, tracer_provider: Any = None) -> Starlette:
@@ -103,7 +103,7 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
         routes=ROUTES,
         lifespan=lifespan,
         middleware=[
-            Middleware(DialectShape, routes=TEI_SHAPED, shape=Shape.TEI),
+            Middleware(Routed, routes=ROUTES),
             Middleware(RequestContext, metrics=metrics, tracing=tracing, access_log=settings.server.access_log),
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(DrainGate, drain=drain),
@@ -111,7 +111,7 @@ def create_app(settings: Settings, registry: Registry | None = None, *, tracer_p
                 BodyLimit,
                 limit=settings.server.max_body_bytes,
                 timeout=settings.server.body_read_timeout,
-                paths=jobs.body_limits(),
+                paths=body_limits(settings),
             ),
             Middleware(Authenticate, keys=keys),
             Middleware(JsonContentType),

@@ -5,8 +5,9 @@ with `hmac.compare_digest` against every key (no early exit), so the time taken 
 how close a guess was, and any bytes at all (non-ASCII, empty) are just a wrong key: 401.
 
 Scopes: `inference` (every model route), `admin` (load, unload, memory), `metrics` (`/metrics`),
-`priority` (ask for a priority above 0; any client may ask for 0 or less). `/health`, `/ready`, `/openapi.json`
-and `/docs` are open. With no key configured every caller holds every scope but `admin`.
+`priority` (ask for a priority above 0; any client may ask for 0 or less); each route declares the
+one it needs (`routing.Operation.scope`): liveness, readiness and the API document are open. With
+no key configured every caller holds every scope but `admin`.
 
 Admin routes are off unless a key has the `admin` scope or `server.admin_routes` is true; off,
 they answer 404 (`admin_disabled`) whoever asks, as if they did not exist.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,26 +30,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infinity_server.body_limit import answer_unread
 from infinity_server.errors import error_response, shape_of
+from infinity_server.routing import operation_in
 from infinity_server.settings import ApiKeySpec, ServerSettings
 from model_registry.config import format_validation_error
 from model_registry.errors import ConfigError
 
 INFERENCE, ADMIN, METRICS, PRIORITY = "inference", "admin", "metrics", "priority"
 ALL_SCOPES = frozenset({INFERENCE, ADMIN, METRICS, PRIORITY})
-OPEN_PATHS = frozenset({"/health", "/ready", "/openapi.json", "/docs"})
-_OPEN_PREFIXES = ("/docs/",)
-_ADMIN_PATH = re.compile(r"^/v1/(?:models/.+/(?:load|unload)|memory)$")
 
 
-def required_scope(path: str) -> str | None:
-    """The scope a path needs; None for the open ones."""
-    if path in OPEN_PATHS or path.startswith(_OPEN_PREFIXES):
-        return None
-    if _ADMIN_PATH.match(path):
-        return ADMIN
-    if path == "/metrics":
-        return METRICS
-    return INFERENCE
+def required_scope(scope: Scope) -> str | None:
+    """The scope the request's route declares (None: open); a path no route has needs `inference`."""
+    op = operation_in(scope)
+    return INFERENCE if op is None else op.scope
 
 
 @dataclass(frozen=True)
@@ -159,7 +152,7 @@ class Authenticate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        needed = required_scope(scope["path"])
+        needed = required_scope(scope)
         state = scope.setdefault("state", {})
         if needed == ADMIN and not self.keys.admin_routes:
             message = "admin routes are disabled; give a key the 'admin' scope or set server.admin_routes: true"

@@ -1,7 +1,7 @@
 """415 for a request body that is not of the type its route takes, before the route runs.
 
-Every POST/PUT/PATCH route takes a JSON object except the multipart upload routes (their paths end
-in `/upload`, and `/v1/files`), which take `multipart/form-data`. A body sent as `text/plain` or as a form is
+Every POST/PUT/PATCH route takes a JSON object except the upload routes, which declare
+`multipart/form-data` (`routing.Operation.request_type`). A body sent as `text/plain` or as a form is
 refused instead of being parsed as JSON anyway: a client that mislabels its body learns it at
 once, and a browser's "simple" cross-site POST (which cannot set a JSON type without a CORS
 preflight) never reaches a handler. A request with no body at all passes a JSON route (e.g. admin
@@ -14,10 +14,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infinity_server.body_limit import answer_unread
 from infinity_server.errors import error_response, shape_of
+from infinity_server.routing import MULTIPART, operation_in
 
 _METHODS = frozenset({"POST", "PUT", "PATCH"})
-#: Upload routes whose path does not end in `/upload` (OpenAI's file upload).
-_MULTIPART_PATHS = frozenset({"/v1/files"})
 
 
 def is_json(content_type: str) -> bool:
@@ -46,7 +45,8 @@ class JsonContentType:
             return
         headers = dict(scope["headers"])
         declared = headers.get(b"content-type", b"").decode("latin-1")
-        if scope["path"].endswith("/upload") or scope["path"] in _MULTIPART_PATHS:
+        op = operation_in(scope)
+        if op is not None and op.request_type == MULTIPART:
             if declared.startswith("multipart/form-data"):
                 await self.app(scope, receive, send)
                 return

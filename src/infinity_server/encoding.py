@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
+from infinity_server.schemas.responses import SparseEntry
 from model_registry import Embedding, InvalidInput, OutputLimit, Results, SparseVector, UnsupportedOperation
 
 EmbeddingType = Literal["float32", "int8", "uint8", "binary", "ubinary"]
@@ -119,9 +120,9 @@ def dense_vectors(
     return list(normalized(matrix) if normalize else matrix)
 
 
-def sparse_entry(vector: SparseVector, with_tokens: bool) -> dict[str, Any]:
+def sparse_entry(vector: SparseVector, with_tokens: bool) -> SparseEntry:
     """`{indices, values}` (and `tokens`) of one sparse vector."""
-    entry: dict[str, Any] = {"indices": np.asarray(vector.indices, dtype=np.int64), "values": vector.values}
+    entry: SparseEntry = {"indices": np.asarray(vector.indices, dtype=np.int64), "values": vector.values}
     if with_tokens:
         entry["tokens"] = list(vector.tokens or ())
     return entry

@@ -2,25 +2,24 @@
 
 Every route answers errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`,
 except the routes of Text Embeddings Inference's dialect, which answer in TEI's own shape
-`{"error": "...", "error_type": "Validation" | "Overloaded" | "Unhealthy" | "Backend"}`. The status
-is the same in both: the table below decides it once.
+`{"error": "...", "error_type": "Validation" | "Overloaded" | "Unhealthy" | "Backend"}`: each route
+declares its shape (`routing.Operation.shapes`). The status is the same in both: the table below
+decides it once.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Match
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from model_registry.errors import (
     BatchFailed,
@@ -78,22 +77,15 @@ class Shape(str, enum.Enum):
 
 
 def shape_of(scope: Mapping[str, Any]) -> Shape:
-    """The error shape the request's dialect expects, as `DialectShape` marked it (OpenAI's by default)."""
+    """The error shape the request's route declares (`routing.Routed` marks it), OpenAI's by default."""
     shape: Shape = scope.get("state", {}).get("error_shape", Shape.OPENAI)
     return shape
 
 
-class DialectShape:
-    """Marks requests to `routes` (a dialect's) so that every error on them, the middleware's own
-    (401, 403, 413, 415, 503) included, is written in `shape`. Outermost, before anything can refuse."""
-
-    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute], shape: Shape) -> None:
-        self.app, self.routes, self.shape = app, tuple(routes), shape
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and any(route.matches(scope)[0] != Match.NONE for route in self.routes):
-            scope.setdefault("state", {})["error_shape"] = self.shape
-        await self.app(scope, receive, send)
+def answer_in(scope: Scope, shape: Shape) -> None:
+    """Write the request's errors from here on in `shape`: a route serving two dialects' bodies
+    chooses once it has read which one it was given."""
+    scope.setdefault("state", {})["error_shape"] = shape
 
 
 def _tei_type(status: int) -> str:
@@ -151,22 +143,3 @@ def to_response(error: Exception, shape: Shape = Shape.OPENAI) -> Response:
 
 async def handle_exception(request: Request, error: Exception) -> Response:
     return to_response(error, shape_of(request.scope))
-
-
-Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def answers_in(shape: Shape) -> Callable[[Endpoint], Endpoint]:
-    """Decorate a route so that its errors are written in `shape` (the same statuses as everywhere)."""
-
-    def decorate(endpoint: Endpoint) -> Endpoint:
-        @functools.wraps(endpoint)
-        async def route(request: Request) -> Response:
-            try:
-                return await endpoint(request)
-            except Exception as error:  # every error, as the app's handler would, but in this shape
-                return to_response(error, shape)
-
-        return route
-
-    return decorate

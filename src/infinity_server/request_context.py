@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity_server.logs import REQUEST_ID
 from infinity_server.metrics import Metrics, stage_seconds
+from infinity_server.routing import operation_in
 from infinity_server.tracing import Tracing
 from model_registry import result_cache
 from model_registry.timing import StageTimes, recording
@@ -31,8 +32,6 @@ from model_registry.timing import StageTimes, recording
 access = logging.getLogger("infinity_server.access")
 
 _VALID_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
-#: Probes and scrapes are logged at debug level: they come every few seconds.
-_QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 def request_id(scope: Scope) -> str:
@@ -118,5 +117,7 @@ class RequestContext:
             if stages:
                 fields["models"] = sorted({t.model for t in stages})
                 fields["timings_ms"] = timings_ms(stages, seconds)
-            level = logging.DEBUG if scope["path"] in _QUIET_PATHS else logging.INFO
+            # Probes and scrapes (routes declared quiet) come every few seconds: debug level.
+            op = operation_in(scope)
+            level = logging.DEBUG if op is not None and op.quiet else logging.INFO
             access.log(level, "%s %s %d", scope["method"], scope["path"], status, extra=fields)

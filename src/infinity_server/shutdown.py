@@ -16,14 +16,11 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity_server.api.common import json_response
 from infinity_server.body_limit import answer_unread
 from infinity_server.errors import error_response, shape_of
+from infinity_server.routing import operation_in
 
 log = logging.getLogger(__name__)
-
-#: Still answered normally while draining: liveness (a draining pod is alive) and scrapes.
-_ALWAYS_OPEN = frozenset({"/health", "/metrics"})
 
 
 class Drain:
@@ -79,16 +76,15 @@ class DrainGate:
         self.app, self.drain = app, drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in _ALWAYS_OPEN:
+        op = operation_in(scope) if scope["type"] == "http" else None
+        if scope["type"] != "http" or (op is not None and op.while_draining):
+            # Liveness (a draining pod is alive), readiness (it answers 503 itself) and scrapes.
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
             headers = {"Connection": "close", "Retry-After": "1"}
-            if scope["path"] == "/ready":
-                response = json_response({"ready": False, "draining": True}, 503, headers)
-            else:
-                message = "the server is shutting down; retry the request on another replica"
-                response = error_response(503, message, code="shutting_down", headers=headers, shape=shape_of(scope))
+            message = "the server is shutting down; retry the request on another replica"
+            response = error_response(503, message, code="shutting_down", headers=headers, shape=shape_of(scope))
             await answer_unread(response, scope, receive, send)
             return
         await self._serve(scope, receive, send)

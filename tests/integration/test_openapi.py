@@ -1,4 +1,5 @@
-"""The API document: valid OpenAPI 3.1, every route in it, Swagger UI offline, and a bounded fuzz run."""
+"""The API document: valid OpenAPI 3.1, every route in it, Swagger UI offline, and a bounded fuzz run;
+and every route's errors in the shape it declares. Cases come from the app's declared operations."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from starlette.routing import Mount, Route
 
-from infinity_server.app import create_app
+from infinity_server.app import ROUTES, create_app
+from infinity_server.errors import Shape
 from infinity_server.openapi import document_path
+from infinity_server.routing import Operation, operations_of
 from infinity_server.settings import ServerSettings, Settings
 from model_registry.config import registry_config
 from tests.conftest import LiveServer, start_server
@@ -40,15 +43,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     live.close()
 
 
-#: TEI's routes answer errors in TEI's shape; `/rerank` in the shape of the body it was given.
-TEI_ERRORS = {
-    **dict.fromkeys(
-        ["/embed", "/embed_sparse", "/embed_all", "/predict", "/similarity", "/tokenize", "/decode", "/info", "/"],
-        "TeiError",
-    ),
-    "/models/{name}": "TeiError",
-    "/rerank": "EitherError",
+#: The document's name for the body of each declared set of error shapes.
+ERROR_COMPONENTS = {
+    (Shape.OPENAI,): "ErrorResponse",
+    (Shape.TEI,): "TeiError",
+    (Shape.OPENAI, Shape.TEI): "EitherError",
 }
+
+
+def test_tei_routes_declare_tei_errors_and_rerank_both() -> None:
+    shapes = {(op.method, document_path(op.path)): op.shapes for op in operations_of(ROUTES)}
+    for path in ("/embed", "/embed_sparse", "/predict", "/tokenize", "/", "/models/{name}"):
+        assert shapes[("POST", path)] == (Shape.TEI,), path
+    assert shapes[("GET", "/info")] == (Shape.TEI,)
+    assert shapes[("POST", "/rerank")] == (Shape.OPENAI, Shape.TEI)
+    assert shapes[("POST", "/v1/embeddings")] == (Shape.OPENAI,)
 
 
 def test_the_document_is_valid_openapi_3_1(server: LiveServer) -> None:
@@ -57,12 +66,13 @@ def test_the_document_is_valid_openapi_3_1(server: LiveServer) -> None:
     assert document["openapi"] == "3.1.0"
     OpenAPIV31SpecValidator(document).validate()
     error = document["components"]["schemas"]["ErrorResponse"]
+    declared = {(op.method.lower(), document_path(op.path)): op for op in operations_of(server.app.routes)}
     for path, item in document["paths"].items():
         for method, operation in item.items():
             for status, response in operation["responses"].items():
                 if int(status) >= 400 and not (path == "/ready" and status == "503"):
                     ref = response["content"]["application/json"]["schema"]["$ref"]
-                    shape = TEI_ERRORS.get(path, "ErrorResponse")
+                    shape = ERROR_COMPONENTS[declared[(method, path)].shapes]
                     assert ref == f"#/components/schemas/{shape}", f"{method} {path} {status}"
     assert error["required"] == ["error"]
     assert set(document["components"]["schemas"]["TeiError"]["required"]) == {"error", "error_type"}
@@ -84,8 +94,58 @@ def test_every_route_of_the_app_is_documented_and_nothing_else(server: LiveServe
         document = client.get("/openapi.json").json()
     documented = {(method.upper(), path) for path, item in document["paths"].items() for method in item}
     served = served_operations(server.app)
-    assert served - documented == set(), "routes without an entry in infinity_server/openapi.py's OPERATIONS"
-    assert documented - served == set(), "entries in OPERATIONS that the app does not serve"
+    assert served - documented == set(), "routes the app serves that the document leaves out"
+    assert documented - served == set(), "operations in the document that the app does not serve"
+    assert len(served) == len(operations_of(server.app.routes)), "one operation per method and path"
+
+
+def _shape_of(body: Any) -> Shape:
+    """Which error shape an answer is in, read from the body alone."""
+    if isinstance(body.get("error"), dict) and {"message", "type", "code"} <= body["error"].keys():
+        return Shape.OPENAI
+    assert isinstance(body.get("error"), str), body
+    assert isinstance(body.get("error_type"), str), body
+    return Shape.TEI
+
+
+def _url(op: Operation) -> str:
+    return re.sub(r"{\w+(?::\w+)?}", "nope", op.path)
+
+
+def _without_a_key() -> list[Operation]:
+    return [op for op in operations_of(ROUTES) if op.scope is not None]
+
+
+@pytest.mark.parametrize("op", _without_a_key(), ids=lambda op: f"{op.method} {op.path}")
+def test_a_refusal_before_the_route_comes_in_the_declared_shape(server: LiveServer, op: Operation) -> None:
+    with server.client() as client:
+        response = client.request(op.method, _url(op), json={"model": "all-MiniLM-L6-v2"})
+    assert response.status_code == 401, response.text
+    assert _shape_of(response.json()) == op.shapes[0]
+
+
+def _bodies() -> list[tuple[Operation, bytes, Shape]]:
+    """A JSON body the route refuses (an array, not an object), per JSON body route, and TEI's
+    rerank body with a field of the wrong type, which the shared rerank route answers in TEI's shape."""
+    cases = [
+        (op, b"[]", op.shapes[0])
+        for op in operations_of(ROUTES)
+        if op.body is not None and op.request_type == "application/json"
+    ]
+    rerank = next(op for op in operations_of(ROUTES) if Shape.TEI in op.shapes and len(op.shapes) > 1)
+    return [*cases, (rerank, b'{"query": "q", "texts": "not a list"}', Shape.TEI)]
+
+
+@pytest.mark.parametrize(("op", "body", "shape"), _bodies(), ids=lambda c: getattr(c, "path", None))
+def test_a_bad_body_is_refused_in_the_declared_shape(
+    server: LiveServer, op: Operation, body: bytes, shape: Shape
+) -> None:
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    with server.client() as client:
+        response = client.request(op.method, _url(op), content=body, headers=headers)
+        assert client.get("/health").status_code == 200
+    assert response.status_code == 422, response.text
+    assert _shape_of(response.json()) == shape
 
 
 def test_swagger_ui_is_served_from_packaged_assets(server: LiveServer) -> None:

@@ -8,7 +8,9 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from infinity_server.app import ROUTES
 from infinity_server.content_type import JsonContentType, is_json
+from infinity_server.routing import Routed
 
 BODY = b'{"model": "m", "input": "hello"}'
 
@@ -27,7 +29,7 @@ def post(path: str, headers: dict[str, str], body: bytes = BODY) -> tuple[httpx.
     inner = Reached()
 
     async def run() -> httpx.Response:
-        transport = httpx.ASGITransport(app=JsonContentType(inner))
+        transport = httpx.ASGITransport(app=Routed(JsonContentType(inner), routes=ROUTES))
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             return await client.post(path, content=body, headers=headers)
 

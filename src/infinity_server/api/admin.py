@@ -1,36 +1,32 @@
 """Model control: load and unload by name, and where the memory budget goes.
 
-`POST /v1/models/{name}/load` loads a model now (evicting idle ones if it must; a failed model is
-retried at once) and `POST /v1/models/{name}/unload` unloads it once its work in flight is done.
+Load loads a model now (evicting idle ones if it must; a failed model is retried at once) and
+unload unloads it once its work in flight is done.
 Both answer the model's `/models` entry; a model that cannot load answers 503 with the cause.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from infinity_server.api.common import json_response, registry_of
+from infinity_server.api.common import registry_of
 from infinity_server.api.openai import model_entry
+from infinity_server.routing import ADMIN_ERRORS, get, post
+from infinity_server.schemas.responses import DeviceMemory, LifecycleEventEntry, MemoryResponse, ModelEntry
 from model_registry import LifecycleEvent
 
 _RECENT_EVENTS = 200
 
 
-async def load(request: Request) -> Response:
-    info = await registry_of(request).load(request.path_params["name"])
-    return json_response(model_entry(info))
+async def load(request: Request) -> ModelEntry:
+    return model_entry(await registry_of(request).load(request.path_params["name"]))
 
 
-async def unload(request: Request) -> Response:
-    info = await registry_of(request).unload(request.path_params["name"])
-    return json_response(model_entry(info))
+async def unload(request: Request) -> ModelEntry:
+    return model_entry(await registry_of(request).unload(request.path_params["name"]))
 
 
-def event_entry(event: LifecycleEvent) -> dict[str, Any]:
+def event_entry(event: LifecycleEvent) -> LifecycleEventEntry:
     return {
         "kind": event.kind.value,
         "model": event.model,
@@ -43,16 +39,19 @@ def event_entry(event: LifecycleEvent) -> dict[str, Any]:
     }
 
 
-async def memory(request: Request) -> Response:
+async def memory(request: Request) -> MemoryResponse:
     """Each device's budget and what is charged to it, and the latest lifecycle events."""
     registry = registry_of(request)
-    devices = [{"device": u.device, "budget_bytes": u.budget, "charged_bytes": u.charged} for u in registry.memory()]
+    devices: list[DeviceMemory] = [
+        {"device": u.device, "budget_bytes": u.budget, "charged_bytes": u.charged} for u in registry.memory()
+    ]
     events = [event_entry(e) for e in registry.events[-_RECENT_EVENTS:]]
-    return json_response({"devices": devices, "events": events})
+    return {"devices": devices, "events": events}
 
 
-routes = [
-    Route("/v1/models/{name:model}/load", load, methods=["POST"]),
-    Route("/v1/models/{name:model}/unload", unload, methods=["POST"]),
-    Route("/v1/memory", memory, methods=["GET"]),
+_ADMIN = {"errors": ADMIN_ERRORS, "scope": "admin", "tag": "admin"}
+operations = [
+    post("/v1/models/{name:model}/load", load, "Load a model now", **_ADMIN),
+    post("/v1/models/{name:model}/unload", unload, "Unload a model", **_ADMIN),
+    get("/v1/memory", memory, "Memory budget per device and recent lifecycle events", **_ADMIN),
 ]

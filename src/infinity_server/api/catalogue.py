@@ -1,48 +1,48 @@
-"""`GET /v1/catalogue`: the known published models and what serving each right takes.
+"""The catalogue route: the known published models and what serving each right takes.
 
 A configured model whose `source` names one of these ids gets the record's keys under its own
-(see `model_registry.catalogue`); `/v1/models` says which record a model matched.
+(see `model_registry.catalogue`); the model list says which record a model matched.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from typing_extensions import NotRequired, TypedDict
 
-from infinity_server.api.common import json_response
+from infinity_server.routing import PLAIN_ERRORS, get
 from model_registry import CATALOGUE
 
 
-class CatalogueRecord(BaseModel):
+class CatalogueRecord(TypedDict):
     """One published model id; absent fields are unknown or do not apply."""
 
     id: str
     kind: str
-    keys: dict[str, Any] = {}
-    pooling: str | None = None
-    max_length: int | None = None
-    prompts: dict[str, str] = {}
-    template: str | None = None
-    true_token: str | None = None
-    false_token: str | None = None
-    query_length: int | None = None
-    document_length: int | None = None
-    remote_code: bool = False
-    fastest: dict[str, str] = {}
-    note: str | None = None
+    keys: NotRequired[dict[str, Any]]
+    pooling: NotRequired[str]
+    max_length: NotRequired[int]
+    prompts: NotRequired[dict[str, str]]
+    template: NotRequired[str]
+    true_token: NotRequired[str]
+    false_token: NotRequired[str]
+    query_length: NotRequired[int]
+    document_length: NotRequired[int]
+    remote_code: NotRequired[bool]
+    fastest: NotRequired[dict[str, str]]
+    note: NotRequired[str]
 
 
-class CatalogueList(BaseModel):
+class CatalogueList(TypedDict):
     object: Literal["list"]
     data: list[CatalogueRecord]
 
 
-async def catalogue(request: Request) -> Response:
-    return json_response({"object": "list", "data": [record.as_dict() for record in CATALOGUE.values()]})
+async def catalogue(request: Request) -> CatalogueList:
+    # `as_dict` keeps the fields a record sets, named as above.
+    records = [cast(CatalogueRecord, record.as_dict()) for record in CATALOGUE.values()]
+    return {"object": "list", "data": records}
 
 
-routes = [Route("/v1/catalogue", catalogue, methods=["GET"])]
+operations = [get("/v1/catalogue", catalogue, "Known published models and their records", errors=PLAIN_ERRORS)]

@@ -1,4 +1,4 @@
-"""Cohere's dialect: rerank (`/v1/rerank`, `/v2/rerank`) and embed (`/v1/embed`, `/v2/embed`).
+"""Cohere's dialect: rerank and embed, versions 1 and 2.
 
 Rerank results carry `document: {text}` only when `return_documents` is true (v1 returned them by
 default, v2 does not); `meta` says how the scores were computed. Embed answers every asked
@@ -13,19 +13,19 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from infinity_server.api.common import (
-    fetched_media,
-    json_response,
-    parse_body,
-    registry_of,
-    until_disconnected,
-    vectors_response,
-)
+from infinity_server.api.common import fetched_media, registry_of
 from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
-from infinity_server.schemas.cohere import ROLES, CohereEmbedRequest, CohereRerankRequest
+from infinity_server.routing import Vectors, post
+from infinity_server.schemas.cohere import (
+    ROLES,
+    CohereEmbedRequest,
+    CohereEmbedResponse,
+    CohereRerankRequest,
+    CohereRerankResponse,
+    CohereResult,
+)
+from infinity_server.schemas.responses import Vector
 from model_registry import Content, InvalidInput, Modality, Results, Text
 
 #: Cohere's embedding type -> (this server's dtype, JSON encoding).
@@ -39,26 +39,22 @@ _TYPES = {
 }
 
 
-async def _rerank(request: Request, version: str) -> Response:
-    body = await parse_body(request, CohereRerankRequest)
-    ranking = await until_disconnected(
-        request,
-        registry_of(request).rerank(
-            body.model,
-            body.query,
-            body.texts(),
-            top_n=body.top_n,
-            raw_scores=body.raw_scores,
-            truncate=body.truncate,
-            instruction=body.instruction,
-            max_tokens_per_doc=body.max_tokens_per_doc,
-            priority=body.priority,
-        ),
+async def _rerank(request: Request, body: CohereRerankRequest, version: str) -> CohereRerankResponse:
+    ranking = await registry_of(request).rerank(
+        body.model,
+        body.query,
+        body.texts(),
+        top_n=body.top_n,
+        raw_scores=body.raw_scores,
+        truncate=body.truncate,
+        instruction=body.instruction,
+        max_tokens_per_doc=body.max_tokens_per_doc,
+        priority=body.priority,
     )
     return_documents = body.return_documents if body.return_documents is not None else version == "1"
-    results: list[dict[str, Any]] = []
+    results: list[CohereResult] = []
     for r in ranking.results:
-        entry: dict[str, Any] = {"index": r.index, "relevance_score": r.score}
+        entry: CohereResult = {"index": r.index, "relevance_score": r.score}
         if return_documents:
             entry["document"] = {"text": r.document}
         results.append(entry)
@@ -68,15 +64,15 @@ async def _rerank(request: Request, version: str) -> Response:
         "tokens": {"input_tokens": ranking.tokens},
         "scoring_method": ranking.method,
     }
-    return json_response({"id": str(uuid.uuid4()), "results": results, "meta": meta})
+    return {"id": str(uuid.uuid4()), "results": results, "meta": meta}
 
 
-async def rerank_v1(request: Request) -> Response:
-    return await _rerank(request, "1")
+async def rerank_v1(request: Request, body: CohereRerankRequest) -> CohereRerankResponse:
+    return await _rerank(request, body, "1")
 
 
-async def rerank_v2(request: Request) -> Response:
-    return await _rerank(request, "2")
+async def rerank_v2(request: Request, body: CohereRerankRequest) -> CohereRerankResponse:
+    return await _rerank(request, body, "2")
 
 
 # ---- embed ----------------------------------------------------------------------------------------
@@ -113,26 +109,33 @@ async def _contents(request: Request, body: CohereEmbedRequest) -> AsyncIterator
         yield merged, [c.text for c in merged if isinstance(c, Text)]
 
 
-def embed_body(body: CohereEmbedRequest, results: Results, texts: list[str], version: str) -> dict[str, Any]:
+def embed_body(body: CohereEmbedRequest, results: Results, texts: list[str], version: str) -> CohereEmbedResponse:
     vectors = dense_vectors(results, body.output_dimension, param="output_dimension")
     meta = {"api_version": {"version": version}, "billed_units": {"input_tokens": results.tokens}}
-    answer: dict[str, Any] = {"id": str(uuid.uuid4()), "texts": texts, "meta": meta}
     if body.embedding_types is None and version == "1":
+        floats = encode_vectors(vectors, "float32", "float")
         return {
-            **answer,
+            "id": str(uuid.uuid4()),
+            "texts": texts,
+            "meta": meta,
             "response_type": "embeddings_floats",
-            "embeddings": encode_vectors(vectors, "float32", "float"),
+            "embeddings": floats,
         }
     kinds = body.embedding_types or ["float"]
-    by_type = {kind: encode_vectors(vectors, *_TYPES[kind]) for kind in dict.fromkeys(kinds)}
-    return {**answer, "response_type": "embeddings_by_type", "embeddings": by_type}
+    by_type: dict[str, list[Vector]] = {kind: encode_vectors(vectors, *_TYPES[kind]) for kind in dict.fromkeys(kinds)}
+    return {
+        "id": str(uuid.uuid4()),
+        "texts": texts,
+        "meta": meta,
+        "response_type": "embeddings_by_type",
+        "embeddings": by_type,
+    }
 
 
-async def _embed(request: Request, version: str) -> Response:
-    body = await parse_body(request, CohereEmbedRequest)
+async def _embed(request: Request, body: CohereEmbedRequest, version: str) -> Vectors[CohereEmbedResponse]:
     role = ROLES[body.input_type] if body.input_type else None
     async with _contents(request, body) as (inputs, texts):
-        work = registry_of(request).embed(
+        results = await registry_of(request).embed(
             body.model,
             inputs,
             role=role,
@@ -141,22 +144,27 @@ async def _embed(request: Request, version: str) -> Response:
             max_tokens=body.max_tokens,
             priority=body.priority,
         )
-        results = await until_disconnected(request, work)
     kinds = len(body.embedding_types or ["float"])
-    return await vectors_response(lambda: embed_body(body, results, texts, version), kinds * numbers_in(results))
+    return Vectors(lambda: embed_body(body, results, texts, version), kinds * numbers_in(results))
 
 
-async def embed_v1(request: Request) -> Response:
-    return await _embed(request, "1")
+async def embed_v1(request: Request, body: CohereEmbedRequest) -> Vectors[CohereEmbedResponse]:
+    return await _embed(request, body, "1")
 
 
-async def embed_v2(request: Request) -> Response:
-    return await _embed(request, "2")
+async def embed_v2(request: Request, body: CohereEmbedRequest) -> Vectors[CohereEmbedResponse]:
+    return await _embed(request, body, "2")
 
 
-routes = [
-    Route("/v1/rerank", rerank_v1, methods=["POST"]),
-    Route("/v2/rerank", rerank_v2, methods=["POST"]),
-    Route("/v1/embed", embed_v1, methods=["POST"]),
-    Route("/v2/embed", embed_v2, methods=["POST"]),
+_EXAMPLE = {
+    "model": "all-MiniLM-L6-v2",
+    "query": "what is a vector database",
+    "documents": ["an index of vectors", "a cake"],
+    "top_n": 1,
+}
+operations = [
+    post("/v1/rerank", rerank_v1, "Rerank (Cohere v1)", example=_EXAMPLE),
+    post("/v2/rerank", rerank_v2, "Rerank (Cohere v2)", example=_EXAMPLE),
+    post("/v1/embed", embed_v1, "Embed (Cohere v1)"),
+    post("/v2/embed", embed_v2, "Embed (Cohere v2; text and image inputs)"),
 ]

@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel
 from starlette.convertors import Convertor, register_url_convertor
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity_server.auth import PRIORITY, has_scope
-from infinity_server.encoding import dump_json
 from infinity_server.errors import HTTPError
 from infinity_server.media import FetchPolicy, MediaFetcher, shared_media_client
 from infinity_server.media_limits import FetchGate
@@ -99,9 +99,15 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(content, option=_JSON_OPTIONS), status, headers, media_type="application/json")
 
 
-async def vectors_response(build: Callable[[], Any], numbers: int) -> Response:
-    """A JSON response built by `build`, written off the event loop when it holds many numbers."""
-    return Response(await dump_json(build, numbers), media_type="application/json")
+_MAX_FORM_FIELDS = 64
+
+
+async def read_uploads(request: Request) -> FormData:
+    """A multipart form of media uploads, bounded: at most a request's inputs in files, each at most
+    `server.media_max_bytes` (`JsonContentType` has refused any other body type already)."""
+    server: ServerSettings = request.app.state.settings.server
+    limit = registry_of(request).config.max_inputs_per_request
+    return await request.form(max_files=limit, max_fields=_MAX_FORM_FIELDS, max_part_size=server.media_max_bytes)
 
 
 def fetcher_of(request: Request) -> MediaFetcher:

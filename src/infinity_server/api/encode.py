@@ -1,4 +1,4 @@
-"""The native `POST /v1/encode`: dense, sparse and multi-vector output, any subset, in one call.
+"""The native encode route: dense, sparse and multi-vector output, any subset, in one call.
 
 - dense: a vector per input, as floats or base64, in any embedding type;
 - sparse: `{indices, values}` over the vocabulary (and `tokens` when `return_tokens`);
@@ -10,21 +10,19 @@ ColPali page multi-vectors without a multipart upload.
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from infinity_server.api.common import engine_inputs, parse_body, registry_of, until_disconnected, vectors_response
+from infinity_server.api.common import engine_inputs, registry_of
 from infinity_server.encoding import column, encode_vectors, numbers_in, output_limit, sparse_entry
+from infinity_server.routing import Vectors, post
 from infinity_server.schemas.encode import EncodeRequest
+from infinity_server.schemas.responses import EncodeResponse, Encoding, Usage
 from model_registry import Results
 
 
-def encoded_outputs(body: EncodeRequest, results: Results) -> list[dict[str, Any]]:
+def encoded_outputs(body: EncodeRequest, results: Results) -> list[Encoding]:
     """One entry per input holding the asked outputs, encoded as the request says."""
-    entries: list[dict[str, Any]] = [{"object": "encoding", "index": i} for i in range(len(results.items))]
+    entries: list[Encoding] = [{"object": "encoding", "index": i} for i in range(len(results.items))]
     kind, fmt = body.embedding_type, body.encoding_format
     if "dense" in body.outputs:
         for entry, vector in zip(entries, encode_vectors(column(results, "dense"), kind, fmt), strict=True):
@@ -46,11 +44,10 @@ def _wire_dtype(embedding_type: str) -> str:
     return {"binary": "int8", "ubinary": "uint8"}.get(embedding_type, embedding_type)
 
 
-async def encode(request: Request) -> Response:
-    body = await parse_body(request, EncodeRequest)
+async def encode(request: Request, body: EncodeRequest) -> Vectors[EncodeResponse]:
     limit = request.app.state.settings.server.max_output_bytes
     async with engine_inputs(request, body.model, body.modality, body.texts(), body.media_inputs) as inputs:
-        work = registry_of(request).embed(
+        results = await registry_of(request).embed(
             body.model,
             inputs,
             outputs=body.outputs,
@@ -59,12 +56,14 @@ async def encode(request: Request) -> Response:
             output_limit=output_limit(limit, body.embedding_type, body.encoding_format),
             priority=body.priority,
         )
-        results = await until_disconnected(request, work)
-    usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-    return await vectors_response(
+    usage: Usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
+    return Vectors(
         lambda: {"object": "list", "model": body.model, "data": encoded_outputs(body, results), "usage": usage},
         numbers_in(results),
     )
 
 
-routes = [Route("/v1/encode", encode, methods=["POST"])]
+_EXAMPLE = {"model": "all-MiniLM-L6-v2", "input": ["a sentence"], "outputs": ["dense"]}
+operations = [
+    post("/v1/encode", encode, "Dense, sparse and multi-vector output", batch=True, example=_EXAMPLE),
+]

@@ -1,49 +1,46 @@
 """Media routes: image and audio embeddings and image rerank, from URLs, data URIs and uploads.
 
-- `modality: image | audio` on `/v1/embeddings` and `/embeddings` (called from the OpenAI module);
-- Infinity's `POST /embeddings_image` and `POST /embeddings_audio`;
-- `POST /v1/embeddings/upload`: multipart/form-data with a `model` field and the files (and any
+- `modality: image | audio` on the OpenAI and Infinity embeddings routes (the OpenAI module);
+- Infinity's image and audio embeddings routes;
+- the embeddings upload route: multipart/form-data with a `model` field and the files (and any
   `input` text fields), embedded in the order they appear;
-- `POST /v1/rerank/images` (JSON, URLs or data URIs) and `POST /v1/rerank/images/upload`
-  (multipart: `model`, `query`, files): pages or photos ranked against a text query, by cosine for
-  CLIP-style models and by MaxSim for ColPali.
+- image rerank, as JSON (URLs or data URIs) or as an upload (multipart: `model`, `query`, files):
+  pages or photos ranked against a text query, by cosine for CLIP-style models and by MaxSim for
+  ColPali.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from infinity_server.api.common import (
-    fetched_media,
-    json_response,
-    parse_body,
-    registry_of,
-    until_disconnected,
-    vectors_response,
-)
+from infinity_server.api.common import fetched_media, registry_of
 from infinity_server.api.openai import embedding_list
 from infinity_server.encoding import column, encode_vectors, numbers_in
 from infinity_server.errors import HTTPError
+from infinity_server.routing import Vectors, post
 from infinity_server.schemas.media import MediaEmbeddingRequest, MediaRerankRequest
-from infinity_server.settings import ServerSettings
+from infinity_server.schemas.responses import (
+    EmbeddingData,
+    EmbeddingResponse,
+    EmbeddingUpload,
+    ImageRerankResponse,
+    ImageRerankUpload,
+    RerankResult,
+    Usage,
+)
 from model_registry import Content, InvalidInput, Media, Modality, Output, Results, Score, Text
 
-_MAX_FORM_FIELDS = 64
 
-
-def _infinity_route(modality: Modality) -> Any:
-    async def route(request: Request) -> Response:
-        body = await parse_body(request, MediaEmbeddingRequest)
+def _infinity_route(
+    modality: Modality,
+) -> Callable[[Request, MediaEmbeddingRequest], Awaitable[Vectors[EmbeddingResponse]]]:
+    async def route(request: Request, body: MediaEmbeddingRequest) -> Vectors[EmbeddingResponse]:
         async with fetched_media(request, body.model, body.inputs(), modality) as media:
-            work = registry_of(request).embed(body.model, media, priority=body.priority)
-            results = await until_disconnected(request, work)
-        return await vectors_response(
+            results = await registry_of(request).embed(body.model, media, priority=body.priority)
+        return Vectors(
             lambda: embedding_list(body.model, results, body.encoding_format, body.dimensions), numbers_in(results)
         )
 
@@ -52,13 +49,6 @@ def _infinity_route(modality: Modality) -> Any:
 
 
 # ---- multipart ---------------------------------------------------------------------------------
-
-
-async def read_form(request: Request) -> FormData:
-    """The multipart form, bounded (`JsonContentType` has refused any other body type already)."""
-    server: ServerSettings = request.app.state.settings.server
-    limit = request.app.state.registry.config.max_inputs_per_request
-    return await request.form(max_files=limit, max_fields=_MAX_FORM_FIELDS, max_part_size=server.media_max_bytes)
 
 
 def field(form: FormData, name: str, *, required: bool = False) -> str | None:
@@ -104,35 +94,31 @@ async def uploaded_contents(form: FormData, limit: int, declared: str | None) ->
     return contents
 
 
-def _multivector_list(model: str, results: Results, encoding_format: str) -> dict[str, Any]:
+def _multivector_list(model: str, results: Results, encoding_format: str) -> EmbeddingResponse:
     matrices = column(results, "multivector")
     encoded = encode_vectors(matrices, "float32", encoding_format)
-    data = [
+    data: list[EmbeddingData] = [
         {"object": "embedding", "embedding": e, "index": i, "shape": list(m.shape)}
         for i, (m, e) in enumerate(zip(matrices, encoded, strict=True))
     ]
-    usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
+    usage: Usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
     return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
-async def upload(request: Request) -> Response:
-    """`POST /v1/embeddings/upload`: fields model, [modality], [encoding_format], [output], [dimensions]."""
-    form = await read_form(request)
-    try:
-        model = field(form, "model", required=True) or ""
-        registry = registry_of(request)
-        registry.info(model)
-        limit = request.app.state.settings.server.media_max_bytes
-        contents = await uploaded_contents(form, limit, field(form, "modality"))
-        output = Output(_choice(form, "output", ("dense", "multivector")))
-        encoding = _choice(form, "encoding_format", ("float", "base64"))
-        results = await until_disconnected(request, registry.embed(model, contents, outputs=(output,)))
-    finally:
-        await form.close()
+async def upload(request: Request, form: FormData) -> Vectors[EmbeddingResponse]:
+    """Fields model, [modality], [encoding_format], [output], [dimensions]; the files are the inputs."""
+    model = field(form, "model", required=True) or ""
+    registry = registry_of(request)
+    registry.info(model)
+    limit = request.app.state.settings.server.media_max_bytes
+    contents = await uploaded_contents(form, limit, field(form, "modality"))
+    output = Output(_choice(form, "output", ("dense", "multivector")))
+    encoding = _choice(form, "encoding_format", ("float", "base64"))
+    results = await registry.embed(model, contents, outputs=(output,))
     dimensions = number(form, "dimensions")
     if output == Output.MULTIVECTOR:
-        return await vectors_response(lambda: _multivector_list(model, results, encoding), numbers_in(results))
-    return await vectors_response(lambda: embedding_list(model, results, encoding, dimensions), numbers_in(results))
+        return Vectors(lambda: _multivector_list(model, results, encoding), numbers_in(results))
+    return Vectors(lambda: embedding_list(model, results, encoding, dimensions), numbers_in(results))
 
 
 def number(form: FormData, name: str) -> int | None:
@@ -155,51 +141,46 @@ def _choice(form: FormData, name: str, accepted: Sequence[str]) -> str:
 # ---- rerank --------------------------------------------------------------------------------------
 
 
-def rerank_response(model: str, results: Results, top_n: int | None, documents: Sequence[str] | None) -> Response:
+def rerank_response(
+    model: str, results: Results, top_n: int | None, documents: Sequence[str] | None
+) -> ImageRerankResponse:
     scores = [r.value if isinstance(r, Score) else float("-inf") for r in results.items]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: top_n or len(scores)]
     ranked = []
     for i in order:
-        entry: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        entry: RerankResult = {"index": i, "relevance_score": scores[i]}
         if documents is not None:
             entry["document"] = documents[i]
         ranked.append(entry)
-    usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-    return json_response({"object": "rerank", "results": ranked, "model": model, "usage": usage})
+    usage: Usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
+    return {"object": "rerank", "results": ranked, "model": model, "usage": usage}
 
 
-async def rerank_images(request: Request) -> Response:
-    body = await parse_body(request, MediaRerankRequest)
-    registry = registry_of(request)
+async def rerank_images(request: Request, body: MediaRerankRequest) -> ImageRerankResponse:
     async with fetched_media(request, body.model, body.documents, Modality.IMAGE) as media:
-        work = registry.rerank_media(body.model, body.query, media, priority=body.priority)
-        results = await until_disconnected(request, work)
+        results = await registry_of(request).rerank_media(body.model, body.query, media, priority=body.priority)
     return rerank_response(body.model, results, body.top_n, body.documents if body.return_documents else None)
 
 
-async def rerank_images_upload(request: Request) -> Response:
-    """Multipart: fields model, query, [top_n]; the files are the documents."""
-    form = await read_form(request)
-    try:
-        model = field(form, "model", required=True) or ""
-        query = field(form, "query", required=True) or ""
-        registry = registry_of(request)
-        registry.info(model)
-        limit = request.app.state.settings.server.media_max_bytes
-        contents = await uploaded_contents(form, limit, "image")
-        media = [c for c in contents if isinstance(c, Media)]
-        top_n = number(form, "top_n")
-        results = await until_disconnected(request, registry.rerank_media(model, query, media))
-    finally:
-        await form.close()
-    names = [m.source for m in media]
-    return rerank_response(model, results, top_n, names)
+async def rerank_images_upload(request: Request, form: FormData) -> ImageRerankResponse:
+    """Fields model, query, [top_n]; the files are the documents."""
+    model = field(form, "model", required=True) or ""
+    query = field(form, "query", required=True) or ""
+    registry = registry_of(request)
+    registry.info(model)
+    limit = request.app.state.settings.server.media_max_bytes
+    contents = await uploaded_contents(form, limit, "image")
+    media = [c for c in contents if isinstance(c, Media)]
+    top_n = number(form, "top_n")
+    results = await registry.rerank_media(model, query, media)
+    return rerank_response(model, results, top_n, [m.source for m in media])
 
 
-routes = [
-    Route("/embeddings_image", _infinity_route(Modality.IMAGE), methods=["POST"]),
-    Route("/embeddings_audio", _infinity_route(Modality.AUDIO), methods=["POST"]),
-    Route("/v1/embeddings/upload", upload, methods=["POST"]),
-    Route("/v1/rerank/images", rerank_images, methods=["POST"]),
-    Route("/v1/rerank/images/upload", rerank_images_upload, methods=["POST"]),
+_IMAGE, _AUDIO = "Image embeddings from URLs or data URIs", "Audio embeddings from URLs or data URIs"
+operations = [
+    post("/embeddings_image", _infinity_route(Modality.IMAGE), _IMAGE),
+    post("/embeddings_audio", _infinity_route(Modality.AUDIO), _AUDIO),
+    post("/v1/embeddings/upload", upload, "Embeddings of uploaded files", request=EmbeddingUpload),
+    post("/v1/rerank/images", rerank_images, "Rank images against a query"),
+    post("/v1/rerank/images/upload", rerank_images_upload, "Rank uploaded images", request=ImageRerankUpload),
 ]

@@ -1,5 +1,4 @@
-"""The OpenAI dialect: `POST /v1/embeddings`, `GET /v1/models`, `GET /v1/models/{id}`, and
-Infinity's unversioned `POST /embeddings` and `GET /models`.
+"""The OpenAI dialect: embeddings and the model list, and Infinity's unversioned twins of both.
 
 `modality: image | audio` (Infinity's field) takes URLs or data URIs instead of texts. The model
 list is one shape for both clients: OpenAI's fields, and Infinity's `stats` and `owned_by`, which
@@ -14,23 +13,25 @@ from typing import Any
 
 from starlette.convertors import register_url_convertor
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from infinity_server.api.common import (
-    ModelName,
-    engine_inputs,
-    json_response,
-    parse_body,
-    registry_of,
-    until_disconnected,
-    vectors_response,
-)
+from infinity_server.api.common import ModelName, engine_inputs, registry_of
 from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
+from infinity_server.routing import PLAIN_ERRORS, Vectors, get, post
 from infinity_server.schemas.openai import EmbeddingRequest, InfinityEmbeddingRequest
+from infinity_server.schemas.responses import (
+    EmbeddingData,
+    EmbeddingResponse,
+    LateEmbeddingData,
+    LateEmbeddingResponse,
+    ModelEntry,
+    ModelList,
+    SpanVector,
+    Usage,
+)
 from model_registry import Embedding, ModelInfo, Results, Span, sentences
 
 _CREATED = int(time.time())
+_EXAMPLE = {"model": "all-MiniLM-L6-v2", "input": ["a sentence to embed"]}
 
 
 class ModelId(ModelName):
@@ -43,19 +44,22 @@ class ModelId(ModelName):
 register_url_convertor("model_id", ModelId())
 
 
+def usage(results: Results) -> Usage:
+    return {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
+
+
 def embedding_list(
     model: str, results: Results, encoding_format: str, dimensions: int | None, embedding_type: str = "float32"
-) -> dict[str, Any]:
+) -> EmbeddingResponse:
     """The OpenAI list shape: one dense vector per input (cut to `dimensions` if asked)."""
     encoded = encode_vectors(dense_vectors(results, dimensions), embedding_type, encoding_format)
-    data = [{"object": "embedding", "embedding": row, "index": i} for i, row in enumerate(encoded)]
-    usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-    return {"object": "list", "data": data, "model": model, "usage": usage}
+    data: list[EmbeddingData] = [{"object": "embedding", "embedding": row, "index": i} for i, row in enumerate(encoded)]
+    return {"object": "list", "data": data, "model": model, "usage": usage(results)}
 
 
 def late_spans(
     results: Results, texts: Sequence[Any], spans: Sequence[Sequence[Span]] | None
-) -> list[list[dict[str, Any]]]:
+) -> list[list[SpanVector]]:
     """Late chunking's answer per input: each span's character offsets and its vector."""
     answer = []
     for i, result in enumerate(results.items):
@@ -63,24 +67,15 @@ def late_spans(
         vectors = result.multivector if isinstance(result, Embedding) else None
         assert vectors is not None, "This is a bug: a late-chunked input has no span vectors"
         answer.append(
-            [{"start": s, "end": e, "embedding": v.tolist()} for (s, e), v in zip(offsets, vectors, strict=True)]
+            [SpanVector(start=s, end=e, embedding=v.tolist()) for (s, e), v in zip(offsets, vectors, strict=True)]
         )
     return answer
 
 
-async def embeddings(request: Request) -> Response:
-    return await _embeddings(request, await parse_body(request, EmbeddingRequest))
-
-
-async def infinity_embeddings(request: Request) -> Response:
-    return await _embeddings(request, await parse_body(request, InfinityEmbeddingRequest))
-
-
-async def _embeddings(request: Request, body: EmbeddingRequest) -> Response:
-    registry = registry_of(request)
+async def embeddings(request: Request, body: EmbeddingRequest) -> Vectors[EmbeddingResponse | LateEmbeddingResponse]:
     async with engine_inputs(request, body.model, body.modality, body.inputs(), body.media_inputs) as inputs:
         options = body.truncation(body.truncate)
-        work = registry.embed(
+        results = await registry_of(request).embed(
             body.model,
             inputs,
             prompt_name=body.prompt_name,
@@ -89,25 +84,30 @@ async def _embeddings(request: Request, body: EmbeddingRequest) -> Response:
             spans=body.spans,
             **options,
         )
-        results = await until_disconnected(request, work)
     if body.long_inputs == "late":
-        data = [
-            {"object": "embedding", "index": i, "spans": s}
-            for i, s in enumerate(late_spans(results, inputs, body.spans))
-        ]
-        usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-        return await vectors_response(
-            lambda: {"object": "list", "data": data, "model": body.model, "usage": usage}, numbers_in(results)
-        )
+        spans = late_spans(results, inputs, body.spans)
 
-    return await vectors_response(
+        def late() -> LateEmbeddingResponse:
+            data: list[LateEmbeddingData] = [
+                {"object": "embedding", "index": i, "spans": s} for i, s in enumerate(spans)
+            ]
+            return {"object": "list", "data": data, "model": body.model, "usage": usage(results)}
+
+        return Vectors(late, numbers_in(results))
+    return Vectors(
         lambda: embedding_list(body.model, results, body.encoding_format, body.dimensions, body.embedding_type),
         numbers_in(results),
     )
 
 
-def model_entry(info: ModelInfo) -> dict[str, Any]:
-    return {
+async def infinity_embeddings(
+    request: Request, body: InfinityEmbeddingRequest
+) -> Vectors[EmbeddingResponse | LateEmbeddingResponse]:
+    return await embeddings(request, body)
+
+
+def model_entry(info: ModelInfo) -> ModelEntry:
+    entry: ModelEntry = {
         "id": info.name,
         "object": "model",
         "created": _CREATED,
@@ -126,24 +126,25 @@ def model_entry(info: ModelInfo) -> dict[str, Any]:
         "queue_depth": info.queue_depth,
         "stats": {"queue_depth": info.queue_depth, "queue_tokens": info.queue_tokens},
         "error": info.error,
-        **({"details": dict(info.extra)} if info.extra else {}),
     }
+    if info.extra:
+        entry["details"] = dict(info.extra)
+    return entry
 
 
-async def models(request: Request) -> Response:
-    data = [model_entry(info) for info in registry_of(request).infos()]
-    return json_response({"object": "list", "data": data})
+async def models(request: Request) -> ModelList:
+    return {"object": "list", "data": [model_entry(info) for info in registry_of(request).infos()]}
 
 
-async def model(request: Request) -> Response:
+async def model(request: Request) -> ModelEntry:
     """One model's entry (`client.models.retrieve(id)`); an unknown one is a 404 in OpenAI's shape."""
-    return json_response(model_entry(registry_of(request).info(request.path_params["name"])))
+    return model_entry(registry_of(request).info(request.path_params["name"]))
 
 
-routes = [
-    Route("/v1/embeddings", embeddings, methods=["POST"]),
-    Route("/embeddings", infinity_embeddings, methods=["POST"]),
-    Route("/v1/models", models, methods=["GET"]),
-    Route("/models", models, methods=["GET"]),
-    Route("/v1/models/{name:model_id}", model, methods=["GET"]),
+operations = [
+    post("/v1/embeddings", embeddings, "Embeddings (OpenAI; text, image or audio)", batch=True, example=_EXAMPLE),
+    post("/embeddings", infinity_embeddings, "Embeddings (Infinity's unversioned path)", example=_EXAMPLE),
+    get("/v1/models", models, "The configured models and their state", errors=PLAIN_ERRORS),
+    get("/models", models, "The configured models (unversioned path)", errors=PLAIN_ERRORS),
+    get("/v1/models/{name:model_id}", model, "One model and its state", errors=(*PLAIN_ERRORS, 404)),
 ]

@@ -1,11 +1,11 @@
 """Text Embeddings Inference's dialect: TEI's paths, bodies, bare-array answers and error shape.
 
-`POST /embed`, `/embed_sparse`, `/embed_all`, `/predict`, `/similarity`, `/tokenize`, `/decode`,
-`GET /info`, `POST /` (dispatched by the model's kind, as the Hugging Face Inference API is) and
-`POST /rerank` in TEI's shape (`query` + `texts`) beside Infinity's (`query` + `documents`) on the
-same path. Errors are `{"error", "error_type"}` with the statuses of the one error table.
+Dense, sparse and per-token vectors, predictions, similarity, tokenize and decode, the default
+model's info, the Hugging Face Inference API's root route (dispatched by the model's kind) and
+rerank in TEI's shape (`query` + `texts`) beside Infinity's (`query` + `documents`) on the same
+path. Errors are `{"error", "error_type"}` with the statuses of the one error table.
 
-Which model: the body's `model` (or `?model=` on `GET /info`); without it the route family's
+Which model: the body's `model` (or `?model=` on the info route); without it the route family's
 `server.default_models` entry; without that, the only served model, or else the only one that can
 serve the family (by its kind, known from its files before it loads). See docs/dialects/tei.md.
 """
@@ -18,36 +18,36 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from infinity_server import __version__
 from infinity_server.api import infinity
-from infinity_server.api.common import (
-    json_response,
-    parse_body,
-    read_object,
-    registry_of,
-    until_disconnected,
-    vectors_response,
-)
+from infinity_server.api.common import parse_body, registry_of
 from infinity_server.api.openai import late_spans
 from infinity_server.encoding import column, dense_vectors, numbers_in, output_limit
-from infinity_server.errors import HTTPError, Shape, answers_in
+from infinity_server.errors import HTTPError, Shape, answer_in
+from infinity_server.routing import Vectors, get, post
+from infinity_server.schemas.infinity import RerankRequest
+from infinity_server.schemas.responses import RerankResponse, SpanVector
 from infinity_server.schemas.tei import (
     TeiDecodeRequest,
+    TeiEmbedAllResponse,
     TeiEmbedRequest,
+    TeiEmbedResponse,
+    TeiInfo,
+    TeiModelType,
     TeiOptions,
+    TeiPrediction,
     TeiPredictRequest,
+    TeiPredictResponse,
+    TeiRank,
     TeiRerankRequest,
+    TeiRootRequest,
     TeiSimilarityRequest,
+    TeiSparseResponse,
     TeiTokenizeRequest,
+    TeiTokenizeResponse,
 )
-from model_registry import Capability, InvalidInput, Kind, ModelInfo, OutputLimit, Token
-
-#: Errors on TEI's own paths are in TEI's shape by `errors.DialectShape` (marked from the path, in
-#: app.py); `/rerank` serves two dialects, so its TEI branch chooses the shape from the body.
-TEI_SHAPED_BODY = answers_in(Shape.TEI)
-
+from model_registry import Capability, InvalidInput, Kind, ModelInfo, OutputLimit, Results, Token
 
 #: What a model must be able to do to be a route family's default.
 FAMILY_CAPABILITIES: dict[str, frozenset[Capability]] = {
@@ -92,9 +92,9 @@ def _direction(options: TeiOptions | Any) -> str:
 
 async def _embed_with(
     request: Request, body: TeiEmbedRequest, family: str, output: str, limit: OutputLimit | None = None
-) -> Any:
+) -> Results:
     model = model_for(request, body.model, family)
-    work = registry_of(request).embed(
+    return await registry_of(request).embed(
         model,
         _inputs(body),
         outputs=(output,),
@@ -106,21 +106,14 @@ async def _embed_with(
         long_inputs=body.long_inputs,
         spans=body.spans,
     )
-    return await until_disconnected(request, work)
 
 
-async def embed(request: Request) -> Response:
-    return await _embed_dense(request, await parse_body(request, TeiEmbedRequest))
-
-
-async def _embed_dense(request: Request, body: TeiEmbedRequest) -> Response:
+async def embed(request: Request, body: TeiEmbedRequest) -> Vectors[TeiEmbedResponse | list[list[SpanVector]]]:
     results = await _embed_with(request, body, "embed", "dense")
     if body.long_inputs == "late":
         answer = late_spans(results, _inputs(body), body.spans)
-        return await vectors_response(lambda: answer, numbers_in(results))
-    return await vectors_response(
-        lambda: dense_vectors(results, body.dimensions, normalize=body.normalize), numbers_in(results)
-    )
+        return Vectors(lambda: answer, numbers_in(results))
+    return Vectors(lambda: dense_vectors(results, body.dimensions, normalize=body.normalize), numbers_in(results))
 
 
 def _inputs(body: TeiEmbedRequest) -> list[Any]:
@@ -131,27 +124,22 @@ def _inputs(body: TeiEmbedRequest) -> list[Any]:
     return list(value)
 
 
-async def embed_sparse(request: Request) -> Response:
-    return await _embed_sparse(request, await parse_body(request, TeiEmbedRequest))
-
-
-async def _embed_sparse(request: Request, body: TeiEmbedRequest) -> Response:
+async def embed_sparse(request: Request, body: TeiEmbedRequest) -> Vectors[TeiSparseResponse]:
     results = await _embed_with(request, body, "embed_sparse", "sparse")
 
-    def build() -> list[list[dict[str, Any]]]:
+    def build() -> TeiSparseResponse:
         return [
             [{"index": i, "value": v} for i, v in zip(s.indices.tolist(), s.values.tolist(), strict=True)]
             for s in column(results, "sparse")
         ]
 
-    return await vectors_response(build, numbers_in(results))
+    return Vectors(build, numbers_in(results))
 
 
-async def embed_all(request: Request) -> Response:
-    body = await parse_body(request, TeiEmbedRequest)
+async def embed_all(request: Request, body: TeiEmbedRequest) -> Vectors[TeiEmbedAllResponse]:
     limit = output_limit(request.app.state.settings.server.max_output_bytes)
     results = await _embed_with(request, body, "embed_all", "multivector", limit)
-    return await vectors_response(lambda: column(results, "multivector"), numbers_in(results))
+    return Vectors(lambda: column(results, "multivector"), numbers_in(results))
 
 
 # ---- predict, rerank, similarity ------------------------------------------------------------------
@@ -178,7 +166,9 @@ def _predictions(info: ModelInfo, sequences: list[list[str]]) -> tuple[str, Any]
     return "score", [(s[0], s[1]) for s in sequences]
 
 
-async def predictions(request: Request, body: TeiPredictRequest, family: str = "predict") -> tuple[list[Any], bool]:
+async def predictions(
+    request: Request, body: TeiPredictRequest, family: str = "predict"
+) -> tuple[list[list[TeiPrediction]], bool]:
     """One list of `{score, label}` per input (best first, cut to `top_k`), and whether the body was a batch."""
     registry = registry_of(request)
     model = model_for(request, body.model, family)
@@ -191,39 +181,36 @@ async def predictions(request: Request, body: TeiPredictRequest, family: str = "
         "priority": body.priority,
     }
     if operation == "classify":
-        result = await until_disconnected(request, registry.classify(model, inputs, **options))
+        result = await registry.classify(model, inputs, **options)
         kept = body.top_labels()
         return [[{"score": s.score, "label": s.label} for s in row[:kept]] for row in result.results], batch
-    scored = await until_disconnected(request, registry.score(model, inputs, **options))
+    scored = await registry.score(model, inputs, **options)
     return [[{"score": s, "label": "LABEL_0"}] for s in scored.scores], batch
 
 
-async def predict(request: Request) -> Response:
-    body = await parse_body(request, TeiPredictRequest)
+async def predict(request: Request, body: TeiPredictRequest) -> TeiPredictResponse:
     rows, batch = await predictions(request, body)
-    return json_response(rows if batch else rows[0])
+    return rows if batch else rows[0]
 
 
-async def rerank(request: Request) -> Response:
+async def rerank(request: Request, body: dict[str, Any]) -> RerankResponse | list[TeiRank]:
     """TEI's shape (`texts`) or Infinity's (`documents`) on one path; the body tells which."""
-    keys = set(await read_object(request))
-    if {"texts", "documents"} <= keys:
+    if {"texts", "documents"} <= body.keys():
         raise HTTPError(
             422,
             "the body has both 'texts' (TEI's rerank) and 'documents' (Infinity's and Cohere's); send one",
             code="invalid_body",
             param="texts",
         )
-    if "texts" in keys:
-        return await tei_rerank(request)
-    return await infinity.rerank(request)
+    if "texts" in body:
+        answer_in(request.scope, Shape.TEI)
+        return await tei_rerank(request, await parse_body(request, TeiRerankRequest, body))
+    return await infinity.rerank(request, await parse_body(request, RerankRequest, body))
 
 
-@TEI_SHAPED_BODY
-async def tei_rerank(request: Request) -> Response:
-    body = await parse_body(request, TeiRerankRequest)
+async def tei_rerank(request: Request, body: TeiRerankRequest) -> list[TeiRank]:
     model = model_for(request, body.model, "rerank")
-    work = registry_of(request).rerank(
+    ranking = await registry_of(request).rerank(
         model,
         body.query,
         body.texts,
@@ -232,44 +219,37 @@ async def tei_rerank(request: Request) -> Response:
         truncation_direction=_direction(body),
         priority=body.priority,
     )
-    ranking = await until_disconnected(request, work)
-    ranks = []
+    ranks: list[TeiRank] = []
     for r in ranking.results:
-        entry: dict[str, Any] = {"index": r.index, "score": r.score}
+        entry: TeiRank = {"index": r.index, "score": r.score}
         if body.return_text:
             entry["text"] = r.document
         ranks.append(entry)
-    return json_response(ranks)
+    return ranks
 
 
-async def similarities(request: Request, body: TeiSimilarityRequest) -> list[float]:
+async def similarity(request: Request, body: TeiSimilarityRequest) -> list[float]:
     parameters = body.parameters
     truncate = parameters.truncate if parameters is not None else body.truncate
     direction = _direction(parameters) if parameters is not None else "right"
     model = model_for(request, body.model, "embed")
     source = body.inputs.source_sentence
     pairs = [(source, s) for s in body.inputs.sentences]
-    work = registry_of(request).score(
+    scored = await registry_of(request).score(
         model, pairs, truncate=truncate, truncation_direction=direction, priority=body.priority
     )
-    return list((await until_disconnected(request, work)).scores)
-
-
-async def similarity(request: Request) -> Response:
-    return json_response(await similarities(request, await parse_body(request, TeiSimilarityRequest)))
+    return list(scored.scores)
 
 
 # ---- tokenize, decode, info -----------------------------------------------------------------------
 
 
-async def tokenize(request: Request) -> Response:
-    body = await parse_body(request, TeiTokenizeRequest)
+async def tokenize(request: Request, body: TeiTokenizeRequest) -> Response:
     model = model_for(request, body.model, "embed")
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    work = registry_of(request).tokenize(
+    rows = await registry_of(request).tokenize(
         model, texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
     )
-    rows = await until_disconnected(request, work)
     # 2,048 texts of 300 words are 32 MB of JSON: written off the event loop, a row at a time.
     return Response(await asyncio.to_thread(_token_rows, rows), media_type="application/json")
 
@@ -284,15 +264,14 @@ def _token_rows(rows: list[list[Token]]) -> bytes:
     return b"[" + b",".join(dumped) + b"]"
 
 
-async def decode(request: Request) -> Response:
-    body = await parse_body(request, TeiDecodeRequest)
+async def decode(request: Request, body: TeiDecodeRequest) -> list[str]:
     model = model_for(request, body.model, "embed")
     ids: Any = [body.ids] if body.ids and isinstance(body.ids[0], int) else body.ids
-    work = registry_of(request).decode(model, ids, skip_special_tokens=body.skip_special_tokens)
-    return json_response(await until_disconnected(request, work))
+    decoded: list[str] = await registry_of(request).decode(model, ids, skip_special_tokens=body.skip_special_tokens)
+    return decoded
 
 
-def _model_type(info: ModelInfo) -> dict[str, Any]:
+def _model_type(info: ModelInfo) -> TeiModelType:
     if info.kind == Kind.CLASSIFIER:
         labels = list(info.extra.get("labels", []))
         return {
@@ -306,53 +285,53 @@ def _model_type(info: ModelInfo) -> dict[str, Any]:
     return {"embedding": {"pooling": str(info.extra.get("pooling", info.kind.value))}}
 
 
-async def info(request: Request) -> Response:
+async def info(request: Request) -> TeiInfo:
     """The model as it is now, never loaded for the asking: a model not loaded yet is described from
     its configuration and files (its kind), and its length, labels and pooling show once it loads."""
     registry = registry_of(request)
     model = model_for(request, request.query_params.get("model"), "embed")
     described = registry.info(model)
     server = request.app.state.settings.server
-    return json_response(
-        {
-            "model_id": described.name,
-            "model_sha": None,
-            "model_dtype": described.dtype,
-            "model_type": _model_type(described),
-            "max_input_length": described.max_length,
-            "max_client_batch_size": registry.config.max_inputs_per_request,
-            "max_concurrent_requests": None,
-            "max_batch_tokens": None,
-            "auto_truncate": None,
-            "tokenization_workers": None,
-            "version": __version__,
-            "sha": None,
-            "docker_label": None,
-            "max_body_bytes": server.max_body_bytes,
-            "kind": described.kind.value,
-            "capabilities": sorted(c.value for c in described.capabilities),
-            "status": described.state.value,
-        }
-    )
+    return {
+        "model_id": described.name,
+        "model_sha": None,
+        "model_dtype": described.dtype,
+        "model_type": _model_type(described),
+        "max_input_length": described.max_length,
+        "max_client_batch_size": registry.config.max_inputs_per_request,
+        "max_concurrent_requests": None,
+        "max_batch_tokens": None,
+        "auto_truncate": None,
+        "tokenization_workers": None,
+        "version": __version__,
+        "sha": None,
+        "docker_label": None,
+        "max_body_bytes": server.max_body_bytes,
+        "kind": described.kind.value,
+        "capabilities": sorted(c.value for c in described.capabilities),
+        "status": described.state.value,
+    }
 
 
-# ---- POST / ---------------------------------------------------------------------------------------
+# ---- the Inference API's root route ---------------------------------------------------------------
 
 
-async def root(request: Request) -> Response:
+async def root(
+    request: Request, data: dict[str, Any]
+) -> Vectors[TeiEmbedResponse | list[list[SpanVector]] | TeiSparseResponse | TeiPredictResponse | list[float]]:
     """The Hugging Face Inference API's route: similarity by its input's shape, else by the model's kind.
 
-    Classifiers and rerankers answer `/predict` in the batch shape (a list per input), as the
-    Inference API does; sparse models answer `/embed_sparse`; every other model `/embed`.
-    `POST /models/{name}` (and `/models/{name}/pipeline/{task}`) is the same route for the model
-    `name`, so that `InferenceClient(model=f"{url}/models/{name}")` reaches any served model.
+    Classifiers and rerankers answer as predict does in the batch shape (a list per input), as the
+    Inference API does; sparse models answer as embed_sparse; every other model as embed. The
+    named-model path (and its `/pipeline/{task}` suffix) is the same route for the model `name`,
+    so that `InferenceClient(model=f"{url}/models/{name}")` reaches any served model.
     """
-    data = await read_object(request)
     named = request.path_params.get("name")
     if named is not None:
         data["model"] = named.partition("/pipeline/")[0]
     if isinstance(data.get("inputs"), dict):
-        return json_response(await similarities(request, await parse_body(request, TeiSimilarityRequest, data)))
+        scores = await similarity(request, await parse_body(request, TeiSimilarityRequest, data))
+        return Vectors(lambda: scores, 0)
     asked = data.get("model")
     model = model_for(request, asked if isinstance(asked, str) else None, "embed")
     if asked is None:  # the route below answers for this model, not its own family's default
@@ -360,22 +339,38 @@ async def root(request: Request) -> Response:
     described = registry_of(request).info(model)
     if described.capabilities & {Capability.CLASSIFY, Capability.RERANK}:
         rows, _ = await predictions(request, await parse_body(request, TeiPredictRequest, data))
-        return json_response(rows)
+        return Vectors(lambda: rows, 0)
+    body = await parse_body(request, TeiEmbedRequest, data)
     if described.capabilities == {Capability.SPARSE}:
-        return await _embed_sparse(request, await parse_body(request, TeiEmbedRequest, data))
-    return await _embed_dense(request, await parse_body(request, TeiEmbedRequest, data))
+        return await embed_sparse(request, body)
+    return await embed(request, body)
 
 
-routes = [
-    Route("/", root, methods=["POST"]),
-    Route("/models/{name:model}", root, methods=["POST"]),
-    Route("/embed", embed, methods=["POST"]),
-    Route("/embed_sparse", embed_sparse, methods=["POST"]),
-    Route("/embed_all", embed_all, methods=["POST"]),
-    Route("/predict", predict, methods=["POST"]),
-    Route("/rerank", rerank, methods=["POST"]),
-    Route("/similarity", similarity, methods=["POST"]),
-    Route("/tokenize", tokenize, methods=["POST"]),
-    Route("/decode", decode, methods=["POST"]),
-    Route("/info", info, methods=["GET"]),
+_TEI = {"shapes": (Shape.TEI,)}
+_RERANK = {
+    "model": "all-MiniLM-L6-v2",
+    "query": "what is a vector database",
+    "documents": ["an index of vectors", "a cake"],
+    "return_documents": True,
+}
+operations = [
+    post("/", root, "The route of the model's kind (TEI)", request=TeiRootRequest, **_TEI),
+    post("/models/{name:model}", root, "The route of the named model's kind (TEI)", request=TeiRootRequest, **_TEI),
+    post("/embed", embed, "Dense vectors (TEI)", **_TEI),
+    post("/embed_sparse", embed_sparse, "Sparse vectors (TEI)", **_TEI),
+    post("/embed_all", embed_all, "Per-token vectors (TEI)", **_TEI),
+    post("/predict", predict, "Classify texts or pairs (TEI)", **_TEI),
+    post(
+        "/rerank",
+        rerank,
+        "Rerank (Infinity's or TEI's body)",
+        request=RerankRequest | TeiRerankRequest,
+        shapes=(Shape.OPENAI, Shape.TEI),
+        batch=True,
+        example=_RERANK,
+    ),
+    post("/similarity", similarity, "Sentence similarity (TEI)", **_TEI),
+    post("/tokenize", tokenize, "Tokens of each input (TEI)", response=TeiTokenizeResponse, **_TEI),
+    post("/decode", decode, "Texts of token ids (TEI)", **_TEI),
+    get("/info", info, "The default model (TEI)", **_TEI),
 ]

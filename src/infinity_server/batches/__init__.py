@@ -5,7 +5,7 @@ route), `runner` (the background runner), `service` (the state the lifespan star
 `api` (the routes).
 """
 
-from infinity_server.batches.api import routes
+from infinity_server.batches.api import operations
 from infinity_server.batches.service import Batches
 
-__all__ = ["Batches", "routes"]
+__all__ = ["Batches", "operations"]

@@ -13,13 +13,14 @@ import orjson
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 from infinity_server.api.common import json_response, parse_body
+from infinity_server.batches import schemas as jobs
 from infinity_server.batches.schemas import BatchCreateRequest
-from infinity_server.batches.service import Batches
+from infinity_server.batches.service import Batches, upload_limit
 from infinity_server.batches.store import FileRecord, JobRecord, not_found
-from infinity_server.errors import Endpoint, HTTPError
+from infinity_server.errors import HTTPError
+from infinity_server.routing import BATCH_ERRORS, MULTIPART, get, operation, post
 
 _FORM_FIELDS = 8
 _FIELD_BYTES = 2**16
@@ -191,21 +192,43 @@ async def cancel_batch(request: Request) -> Response:
     return json_response(batch_object(job))
 
 
-def by_method(**endpoints: Endpoint) -> Endpoint:
-    """One endpoint for a path that several methods share (so that a 405 lists them all)."""
-
-    async def endpoint(request: Request) -> Response:
-        method = "get" if request.method == "HEAD" else request.method.lower()
-        return await endpoints[method](request)
-
-    return endpoint
-
-
-routes = [
-    Route("/v1/files", by_method(post=upload_file, get=list_files), methods=["GET", "POST"]),
-    Route("/v1/files/{file_id}", by_method(get=get_file, delete=delete_file), methods=["GET", "DELETE"]),
-    Route("/v1/files/{file_id}/content", file_content, methods=["GET"]),
-    Route("/v1/batches", by_method(post=create_batch, get=list_batches), methods=["GET", "POST"]),
-    Route("/v1/batches/{batch_id}", get_batch, methods=["GET"]),
-    Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
+_BATCH = {"errors": BATCH_ERRORS, "tag": "batches"}
+operations = [
+    post(
+        "/v1/files",
+        upload_file,
+        "Upload a batch's requests (JSONL)",
+        request=jobs.FileUpload,
+        request_type=MULTIPART,
+        response=jobs.FileObject,
+        max_body=upload_limit,
+        **_BATCH,
+    ),
+    get("/v1/files", list_files, "The key's files, newest first", response=jobs.FileList, **_BATCH),
+    get("/v1/files/{file_id}", get_file, "One file", response=jobs.FileObject, **_BATCH),
+    operation("DELETE", "/v1/files/{file_id}", delete_file, "Delete a file", response=jobs.FileDeleted, **_BATCH),
+    get(
+        "/v1/files/{file_id}/content",
+        file_content,
+        "A file's bytes (JSONL)",
+        response_type="application/jsonl",
+        **_BATCH,
+    ),
+    post(
+        "/v1/batches",
+        create_batch,
+        "Run a file of requests as a job",
+        request=jobs.BatchCreateRequest,
+        response=jobs.BatchObject,
+        **_BATCH,
+    ),
+    get("/v1/batches", list_batches, "The key's jobs, newest first", response=jobs.BatchList, **_BATCH),
+    get(
+        "/v1/batches/{batch_id}",
+        get_batch,
+        "One job: status, counts, result files",
+        response=jobs.BatchObject,
+        **_BATCH,
+    ),
+    post("/v1/batches/{batch_id}/cancel", cancel_batch, "Cancel a job", response=jobs.BatchObject, **_BATCH),
 ]

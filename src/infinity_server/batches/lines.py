@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,8 @@ from starlette.types import Message, Scope
 
 from infinity_server.batches.store import LineResult
 from infinity_server.errors import error_response, shape_of, to_response
+from infinity_server.routing import operations_of
 
-#: The routes a batch may run, as `endpoint` and each line's `url` name them.
-ENDPOINTS = ("/v1/embeddings", "/rerank", "/v1/encode", "/classify")
 #: Every line's priority: the lowest class, below any interactive request.
 LOWEST_PRIORITY = -100
 
@@ -45,8 +45,9 @@ class Answer:
     retry_after: float | None = None
 
 
-def parse(number: int, raw: bytes, endpoint: str) -> Line | LineResult:
-    """The line as a request of the batch's `endpoint`, or its failure (a 400) when malformed."""
+def parse(number: int, raw: bytes, endpoint: str, endpoints: Sequence[str]) -> Line | LineResult:
+    """The line as a request of the batch's `endpoint`, or its failure (a 400) when malformed;
+    `endpoints` are the routes a batch may run."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
@@ -56,20 +57,20 @@ def parse(number: int, raw: bytes, endpoint: str) -> Line | LineResult:
     custom_id = data.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return failed(number, None, f"line {number} needs a custom_id (a non-empty string)", "custom_id")
-    problem = _problem(data, endpoint)
+    problem = _problem(data, endpoint, endpoints)
     if problem is not None:
         return failed(number, custom_id, f"line {number}: {problem[0]}", problem[1])
     body = {**data["body"], "priority": LOWEST_PRIORITY}
     return Line(number, custom_id, endpoint, orjson.dumps(body))
 
 
-def _problem(data: dict[str, Any], endpoint: str) -> tuple[str, str] | None:
+def _problem(data: dict[str, Any], endpoint: str, endpoints: Sequence[str]) -> tuple[str, str] | None:
     """What is wrong with a line's method, url or body, and the field at fault."""
     if data.get("method") != "POST":
         return f"method must be POST, got {data.get('method')!r}", "method"
     url = data.get("url")
-    if url not in ENDPOINTS:
-        return f"url {url!r} is not a route a batch runs; accepted: {', '.join(ENDPOINTS)}", "url"
+    if url not in endpoints:
+        return f"url {url!r} is not a route a batch runs; accepted: {', '.join(endpoints)}", "url"
     if url != endpoint:
         return f"url {url!r} differs from the batch's endpoint {endpoint!r}; a batch runs one route", "url"
     if not isinstance(data.get("body"), dict):
@@ -113,6 +114,8 @@ class Dispatch:
     def __init__(self, app: Starlette) -> None:
         handlers = {key: value for key, value in app.exception_handlers.items() if key not in (500, Exception)}
         self.app, self.routes = app, ExceptionMiddleware(app.router, handlers=handlers)
+        #: The routes a batch may run, as `endpoint` and each line's `url` name them.
+        self.endpoints = tuple(op.path for op in operations_of(app.routes) if op.batch)
 
     async def __call__(self, line: Line, owner: str, request_id: str) -> Answer:
         state = {"scopes": frozenset({"inference"}), "key_name": owner or None, "request_id": request_id}

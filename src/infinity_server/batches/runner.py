@@ -152,7 +152,7 @@ class Runner:
                 raise outcome
 
     async def _line(self, job: JobRecord, number: int, raw: bytes) -> None:
-        parsed = parse(number, raw, job.endpoint)
+        parsed = parse(number, raw, job.endpoint, self.dispatch.endpoints)
         result = parsed if isinstance(parsed, LineResult) else await self._answer(job, parsed)
         if await self.store.call(self.store.record, job.id, result):
             self.metrics.line(result.status)

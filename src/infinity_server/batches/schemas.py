@@ -18,7 +18,9 @@ class BatchCreateRequest(Body):
     """`POST /v1/batches`: the uploaded file of requests and the route every line goes to."""
 
     input_file_id: StrictStr
-    endpoint: StrictStr = Field(description="/v1/embeddings, /rerank, /v1/encode or /classify")
+    endpoint: StrictStr = Field(
+        description="the route each line runs: OpenAI's or Infinity's embeddings, rerank, encode or classify"
+    )
     completion_window: StrictStr = Field(description="24h, the only window accepted")
     metadata: dict[StrictStr, StrictStr] | None = Field(default=None, max_length=16)
 

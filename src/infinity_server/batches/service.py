@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
 from infinity_server.batches.files import Folder, Limits
-from infinity_server.batches.lines import ENDPOINTS, Dispatch
+from infinity_server.batches.lines import Dispatch
 from infinity_server.batches.runner import BatchMetrics, Runner
 from infinity_server.batches.schemas import BatchCreateRequest
 from infinity_server.batches.store import FileRecord, JobRecord, Store, new_id
@@ -38,14 +38,11 @@ class Batches:
         self.settings = server
         self.metrics = BatchMetrics(registry)
         self._parts: tuple[Store, Folder, Runner] | None = None
+        self.endpoints: tuple[str, ...] = ()
 
     @property
     def on(self) -> bool:
         return self.settings.batch_dir is not None
-
-    def body_limits(self) -> dict[str, int]:
-        """Per path, the body limit that replaces `server.max_body_bytes`: the upload route's."""
-        return {"/v1/files": self.settings.batch_max_file_bytes + _FORM_OVERHEAD} if self.on else {}
 
     async def start(self, app: Starlette) -> None:
         if self.settings.batch_dir is None:
@@ -53,7 +50,9 @@ class Batches:
         store, folder = await asyncio.to_thread(_open, self.settings.batch_dir)
         registry = app.state.registry
         concurrency = self.settings.batch_concurrency
-        runner = Runner(store, folder, Dispatch(app), concurrency, self.metrics, lambda: registry.pinned_tried)
+        dispatch = Dispatch(app)
+        self.endpoints = dispatch.endpoints
+        runner = Runner(store, folder, dispatch, concurrency, self.metrics, lambda: registry.pinned_tried)
         runner.start()
         self._parts = (store, folder, runner)
 
@@ -88,8 +87,8 @@ class Batches:
     async def add_job(self, owner: str, body: BatchCreateRequest) -> JobRecord:
         """A new job on an uploaded file, checked, recorded and handed to the runner."""
         store, _, runner = self.running()
-        if body.endpoint not in ENDPOINTS:
-            message = f"endpoint {body.endpoint!r} is not one a batch runs; accepted: {', '.join(ENDPOINTS)}"
+        if body.endpoint not in self.endpoints:
+            message = f"endpoint {body.endpoint!r} is not one a batch runs; accepted: {', '.join(self.endpoints)}"
             raise HTTPError(400, message, code="invalid_endpoint", param="endpoint")
         if body.completion_window not in WINDOW_SECONDS:
             message = f"completion_window must be {' or '.join(WINDOW_SECONDS)}, got {body.completion_window!r}"
@@ -115,6 +114,11 @@ class Batches:
             runner.cancel(ident)
         await self.metrics.refresh(store)
         return job
+
+
+def upload_limit(server: ServerSettings) -> int | None:
+    """The file upload's body limit, which replaces `server.max_body_bytes` while the API is on."""
+    return server.batch_max_file_bytes + _FORM_OVERHEAD if server.batch_dir is not None else None
 
 
 def _open(batch_dir: str) -> tuple[Store, Folder]:

@@ -1,12 +1,14 @@
-"""Wire models of Cohere's rerank (`/v1/rerank`, `/v2/rerank`) and embed (`/v1/embed`, `/v2/embed`)."""
+"""Wire models of Cohere's rerank and embed, v1 and v2."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
+from typing_extensions import NotRequired, TypedDict
 
 from infinity_server.schemas.common import Body, ModelOptions, Priority, at_least
+from infinity_server.schemas.responses import Vector
 from model_registry import InvalidInput
 
 
@@ -97,11 +99,27 @@ class CohereEmbedRequest(Body):
         return present[0]
 
 
-class CohereEmbedResponse(BaseModel):
+class CohereEmbedResponse(TypedDict):
     """`embeddings` is a list of float vectors (v1 without embedding_types) or `{type: vectors}`."""
 
     id: str
     response_type: Literal["embeddings_floats", "embeddings_by_type"]
-    embeddings: list[list[float]] | dict[str, list[Any]]
+    embeddings: list[Vector] | dict[str, list[Vector]]
     texts: list[str]
+    meta: dict[str, Any]
+
+
+class CohereDocument(TypedDict):
+    text: str
+
+
+class CohereResult(TypedDict):
+    index: int
+    relevance_score: float | None
+    document: NotRequired[CohereDocument]
+
+
+class CohereRerankResponse(TypedDict):
+    id: str
+    results: list[CohereResult]
     meta: dict[str, Any]

@@ -1,71 +1,118 @@
-"""Wire models of the responses, for the API document (`infinity_server/openapi.py`).
+"""The answers' types: what the routes build and orjson writes, and what the API document says.
 
-The routes write their JSON directly (orjson, numpy arrays as they are); these models describe
-what they write, and the schemathesis run checks every answer against them.
+TypedDicts, so that mypy checks each handler's answer against its declared type at no cost on the
+wire (no pydantic round-trip: a large answer's vectors stay numpy arrays until orjson writes them);
+`openapi.py` describes the same types with pydantic. Shapes of one dialect only live beside its
+requests (`schemas/tei.py`, `schemas/vllm.py`, `schemas/cohere.py`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+import numpy as np
+from pydantic import Field, GetPydanticSchema, RootModel, WithJsonSchema
+from pydantic_core import core_schema
+from typing_extensions import NotRequired, TypedDict
 
+# numpy arrays as the handlers hold them; orjson writes them as (nested) lists of numbers.
+_ANY = GetPydanticSchema(lambda _type, _handler: core_schema.any_schema())
+_NUMBERS = {"type": "array", "items": {"type": "number"}}
+FloatVector = Annotated[np.ndarray, _ANY, WithJsonSchema(_NUMBERS)]
+FloatMatrix = Annotated[np.ndarray, _ANY, WithJsonSchema({"type": "array", "items": _NUMBERS})]
+IntVector = Annotated[np.ndarray, _ANY, WithJsonSchema({"type": "array", "items": {"type": "integer"}})]
 #: A vector as floats, as int8/uint8/binary codes, or base64 of its bytes.
-Vector = list[float] | list[int] | str
+Vector = list[float] | list[int] | str | FloatVector
 
 
-class ErrorDetail(BaseModel):
+class ErrorDetail(TypedDict):
     message: str
     type: Literal[
         "invalid_request_error", "authentication_error", "permission_error", "rate_limit_error", "server_error"
     ]
     param: str | None
-    code: str = Field(description="a stable, machine-readable name of the error, e.g. model_not_found")
+    code: Annotated[str, Field(description="a stable, machine-readable name of the error, e.g. model_not_found")]
 
 
-class ErrorResponse(BaseModel):
-    """Every error of every route, in OpenAI's shape."""
+class ErrorResponse(TypedDict):
+    """Every error of every route but TEI's, in OpenAI's shape."""
 
     error: ErrorDetail
 
 
-class Usage(BaseModel):
+class TeiError(TypedDict):
+    """TEI's error body: `error_type` is Validation, Overloaded, Unhealthy or Backend."""
+
+    error: str
+    error_type: str
+
+
+class EitherError(RootModel[ErrorResponse | TeiError]):
+    """OpenAI's error shape, or TEI's when the body was TEI's."""
+
+
+class Usage(TypedDict):
     prompt_tokens: int
     total_tokens: int
 
 
-class EmbeddingData(BaseModel):
+class EmbeddingData(TypedDict):
     object: Literal["embedding"]
-    embedding: Vector | list[list[float]] = Field(description="the vector (a matrix for multi-vector output)")
+    embedding: Annotated[
+        Vector | list[list[float]] | FloatMatrix, Field(description="the vector (a matrix for multi-vector output)")
+    ]
     index: int
-    shape: list[int] | None = Field(default=None, description="multi-vector output only: [tokens, width]")
+    shape: NotRequired[Annotated[list[int], Field(description="multi-vector output only: [tokens, width]")]]
 
 
-class EmbeddingResponse(BaseModel):
+class EmbeddingResponse(TypedDict):
     object: Literal["list"]
     data: list[EmbeddingData]
     model: str
     usage: Usage
 
 
-class ModelStats(BaseModel):
+class SpanVector(TypedDict):
+    """Late chunking: one span's character offsets [start, end) and its vector."""
+
+    start: int
+    end: int
+    embedding: list[float]
+
+
+class LateEmbeddingData(TypedDict):
+    object: Literal["embedding"]
+    index: int
+    spans: list[SpanVector]
+
+
+class LateEmbeddingResponse(TypedDict):
+    """`long_inputs: late`: one vector per span of each input."""
+
+    object: Literal["list"]
+    data: list[LateEmbeddingData]
+    model: str
+    usage: Usage
+
+
+class ModelStats(TypedDict):
     """Infinity's `stats` object (its client requires one): the model's queue."""
 
     queue_depth: int
     queue_tokens: int
 
 
-class ModelEntry(BaseModel):
+class ModelEntry(TypedDict):
     id: str
     object: Literal["model"]
     created: int
-    owned_by: Literal["infinity"] = Field(description="Infinity's value, which infinity_client requires")
+    owned_by: Annotated[Literal["infinity"], Field(description="Infinity's value, which infinity_client requires")]
     kind: str
     capabilities: list[str]
     backend: str
     device: str
     dtype: str
-    status: str = Field(description="unloaded, loading, loaded or failed")
+    status: Annotated[str, Field(description="unloaded, loading, loaded or failed")]
     pinned: bool
     max_length: int | None
     dimensions: int | None
@@ -74,23 +121,23 @@ class ModelEntry(BaseModel):
     queue_depth: int
     stats: ModelStats
     error: str | None
-    details: dict[str, Any] | None = None
+    details: NotRequired[dict[str, Any]]
 
 
-class ModelList(BaseModel):
+class ModelList(TypedDict):
     object: Literal["list"]
     data: list[ModelEntry]
 
 
-class RerankResult(BaseModel):
+class RerankResult(TypedDict):
     relevance_score: float | None
     index: int
-    document: str | None = None
+    document: NotRequired[str | None]
     #: A hybrid rerank with `return_parts`: each output's score (dense, sparse, multivector).
-    parts: dict[str, float] | None = None
+    parts: NotRequired[dict[str, float]]
 
 
-class RerankResponse(BaseModel):
+class RerankResponse(TypedDict):
     """Infinity's `/rerank`."""
 
     object: Literal["rerank"]
@@ -102,8 +149,8 @@ class RerankResponse(BaseModel):
     meta: dict[str, Any]
 
 
-class ImageRerankResponse(BaseModel):
-    """`/v1/rerank/images` and its upload twin."""
+class ImageRerankResponse(TypedDict):
+    """The image rerank routes, JSON and upload."""
 
     object: Literal["rerank"]
     results: list[RerankResult]
@@ -111,12 +158,12 @@ class ImageRerankResponse(BaseModel):
     usage: Usage
 
 
-class ClassLabel(BaseModel):
+class ClassLabel(TypedDict):
     label: str
     score: float
 
 
-class ClassifyResponse(BaseModel):
+class ClassifyResponse(TypedDict):
     object: Literal["classify"]
     id: str
     created: int
@@ -125,72 +172,63 @@ class ClassifyResponse(BaseModel):
     usage: Usage
 
 
-class CohereDocument(BaseModel):
-    text: str
+class SparseEntry(TypedDict):
+    indices: IntVector
+    values: FloatVector
+    tokens: NotRequired[list[str]]
 
 
-class CohereResult(BaseModel):
-    index: int
-    relevance_score: float | None
-    document: CohereDocument | None = None
-
-
-class CohereRerankResponse(BaseModel):
-    id: str
-    results: list[CohereResult]
-    meta: dict[str, Any]
-
-
-class SparseEntry(BaseModel):
-    indices: list[int]
-    values: list[float]
-    tokens: list[str] | None = None
-
-
-class MultivectorBase64(BaseModel):
+class MultivectorBase64(TypedDict):
     data: str
     shape: list[int]
     dtype: str
 
 
-class Encoding(BaseModel):
+class Encoding(TypedDict):
     object: Literal["encoding"]
     index: int
-    dense: Vector | None = None
-    sparse: SparseEntry | None = None
-    multivector: list[Vector] | MultivectorBase64 | None = None
+    dense: NotRequired[Vector]
+    sparse: NotRequired[SparseEntry]
+    multivector: NotRequired[list[Vector] | MultivectorBase64 | FloatMatrix]
 
 
-class EncodeResponse(BaseModel):
+class EncodeResponse(TypedDict):
     object: Literal["list"]
     model: str
     data: list[Encoding]
     usage: Usage
 
 
-class Health(BaseModel):
+class Health(TypedDict):
     unix: float
 
 
-class Readiness(BaseModel):
+class Readiness(TypedDict):
     ready: bool
-    pinned: dict[str, str] | None = Field(default=None, description="each pinned model's state")
-    draining: bool | None = Field(default=None, description="true while the server shuts down")
-    loading_seconds: dict[str, float] | None = Field(
-        default=None, description="pinned models loading now, with how long each load has run"
-    )
-    errors: dict[str, str] | None = Field(
-        default=None, description="why a pinned model failed to load (it is retried on its back-off)"
-    )
+    pinned: NotRequired[Annotated[dict[str, str], Field(description="each pinned model's state")]]
+    draining: NotRequired[Annotated[bool, Field(description="true while the server shuts down")]]
+    loading_seconds: NotRequired[
+        Annotated[dict[str, float], Field(description="pinned models loading now, with how long each load has run")]
+    ]
+    errors: NotRequired[
+        Annotated[
+            dict[str, str], Field(description="why a pinned model failed to load (it is retried on its back-off)")
+        ]
+    ]
 
 
-class DeviceMemory(BaseModel):
+class DeviceMemory(TypedDict):
     device: str
     budget_bytes: int
     charged_bytes: int
 
 
-class LifecycleEventEntry(BaseModel):
+class EvictionCandidate(TypedDict):
+    model: str
+    lru_stamp: int
+
+
+class LifecycleEventEntry(TypedDict):
     kind: str
     model: str
     device: str
@@ -198,30 +236,30 @@ class LifecycleEventEntry(BaseModel):
     at: float
     seconds: float
     reason: str | None
-    candidates: list[dict[str, Any]]
+    candidates: list[EvictionCandidate]
 
 
-class MemoryResponse(BaseModel):
+class MemoryResponse(TypedDict):
     devices: list[DeviceMemory]
     events: list[LifecycleEventEntry]
 
 
-class EmbeddingUpload(BaseModel):
-    """multipart/form-data of `POST /v1/embeddings/upload`: the files, in order, and options."""
+class EmbeddingUpload(TypedDict):
+    """multipart/form-data of the embeddings upload route: the files, in order, and options."""
 
     model: str
-    file: list[bytes] = Field(description="the files (any field name); image/* or audio/* content types")
-    input: list[str] | None = Field(default=None, description="text inputs, embedded in form order with the files")
-    modality: Literal["image", "audio"] | None = None
-    output: Literal["dense", "multivector"] = "dense"
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    file: Annotated[list[bytes], Field(description="the files (any field name); image/* or audio/* content types")]
+    input: NotRequired[Annotated[list[str], Field(description="text inputs, embedded in form order with the files")]]
+    modality: NotRequired[Literal["image", "audio"]]
+    output: NotRequired[Literal["dense", "multivector"]]
+    encoding_format: NotRequired[Literal["float", "base64"]]
+    dimensions: NotRequired[int]
 
 
-class ImageRerankUpload(BaseModel):
-    """multipart/form-data of `POST /v1/rerank/images/upload`: a text query and the files."""
+class ImageRerankUpload(TypedDict):
+    """multipart/form-data of the image rerank upload route: a text query and the files."""
 
     model: str
     query: str
-    file: list[bytes] = Field(description="the images (any field name); results name them by file name")
-    top_n: int | None = None
+    file: Annotated[list[bytes], Field(description="the images (any field name); results name them by file name")]
+    top_n: NotRequired[int]

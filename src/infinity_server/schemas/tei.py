@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from typing_extensions import NotRequired, TypedDict
 
 from infinity_server.schemas.common import Body, Dimensions, EngineOptions, NonEmpty
 from infinity_server.schemas.openai import EmbeddingInput
+from infinity_server.schemas.responses import FloatMatrix, FloatVector
 
 
 class TeiOptions(EngineOptions):
@@ -100,30 +102,23 @@ class TeiDecodeRequest(Body):
     skip_special_tokens: StrictBool = True
 
 
-class TeiError(BaseModel):
-    """TEI's error body: `error_type` is Validation, Overloaded, Unhealthy or Backend."""
-
-    error: str
-    error_type: str
-
-
-class TeiPrediction(BaseModel):
+class TeiPrediction(TypedDict):
     score: float
     label: str
 
 
-class TeiRank(BaseModel):
+class TeiRank(TypedDict):
     index: int
     score: float
-    text: str | None = None
+    text: NotRequired[str]
 
 
-class TeiSparseValue(BaseModel):
+class TeiSparseValue(TypedDict):
     index: int
     value: float
 
 
-class TeiToken(BaseModel):
+class TeiToken(TypedDict):
     id: int
     text: str
     special: bool
@@ -131,60 +126,52 @@ class TeiToken(BaseModel):
     stop: int | None
 
 
-class TeiInfo(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TeiClassifierType(TypedDict):
+    id2label: dict[str, str]
+    label2id: dict[str, int]
+
+
+class TeiEmbeddingType(TypedDict):
+    pooling: str
+
+
+class TeiModelType(TypedDict, total=False):
+    """One key: the model's kind as TEI names it."""
+
+    classifier: TeiClassifierType
+    reranker: TeiClassifierType
+    embedding: TeiEmbeddingType
+
+
+class TeiInfo(TypedDict):
+    """TEI's `/info`, with this server's `kind`, `capabilities` and `status`."""
+
     model_id: str
+    model_sha: None
     model_dtype: str
-    model_type: dict[str, Any]
+    model_type: TeiModelType
     max_input_length: int | None
+    max_client_batch_size: int
+    max_concurrent_requests: None
+    max_batch_tokens: None
+    auto_truncate: None
+    tokenization_workers: None
     version: str
+    sha: None
+    docker_label: None
+    max_body_bytes: int
+    kind: str
+    capabilities: list[str]
+    status: str
 
 
-# The response bodies, for the API document: TEI answers bare JSON arrays.
-
-
-class TeiEmbedResponse(RootModel[list[list[float]]]):
-    """One vector per input."""
-
-
-class TeiSparseResponse(RootModel[list[list[TeiSparseValue]]]):
-    """One sparse vector (non-zero entries) per input."""
-
-
-class TeiEmbedAllResponse(RootModel[list[list[list[float]]]]):
-    """One vector per token, per input."""
-
-
-class TeiPredictResponse(RootModel[list[TeiPrediction] | list[list[TeiPrediction]]]):
-    """Label scores of one input, or of each input of a batch."""
-
-
-class TeiRerankResponse(RootModel[list[TeiRank]]):
-    """The texts' scores, best first."""
-
-
-class TeiSimilarityResponse(RootModel[list[float]]):
-    """One cosine similarity per sentence."""
-
-
-class TeiTokenizeResponse(RootModel[list[list[TeiToken]]]):
-    """The tokens of each input."""
-
-
-class TeiDecodeResponse(RootModel[list[str]]):
-    """One text per list of token ids."""
-
-
-class TeiRootRequest(RootModel[TeiEmbedRequest | TeiPredictRequest | TeiSimilarityRequest]):
-    """`POST /`: the body of the route that the model's kind answers."""
-
-
-class TeiRootResponse(
-    RootModel[
-        list[list[float]] | list[list[TeiSparseValue]] | list[TeiPrediction] | list[list[TeiPrediction]] | list[float]
-    ]
-):
-    """`POST /`: the answer of the route that the model's kind answers."""
-
-
-RootKind = Literal["embed", "embed_sparse", "predict", "similarity"]
+#: The answers: TEI writes bare JSON arrays. A vector per input; a vector per token per input.
+TeiEmbedResponse = list[FloatVector]
+TeiSparseResponse = list[list[TeiSparseValue]]
+TeiEmbedAllResponse = list[FloatMatrix]
+#: Label scores of one input, or of each input of a batch.
+TeiPredictResponse = list[TeiPrediction] | list[list[TeiPrediction]]
+TeiTokenizeResponse = list[list[TeiToken]]
+#: The body of the route that the model's kind answers (`POST /` and `POST /models/{name}`).
+TeiRootRequest = TeiEmbedRequest | TeiPredictRequest | TeiSimilarityRequest
+TeiRootResponse = TeiEmbedResponse | TeiSparseResponse | TeiPredictResponse | list[float]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, StrictStr
+from pydantic import Field, StrictStr
+from typing_extensions import TypedDict
 
 from infinity_server.encoding import EncodingFormat
 from infinity_server.schemas.common import ModelOptions, PromptTokenLimit, one_or_many
+from infinity_server.schemas.responses import FloatMatrix, Vector
 from model_registry import InvalidInput
 
 Texts = StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
@@ -32,19 +34,25 @@ class ScoreRequest(ModelOptions, PromptTokenLimit):
         return list(zip(first, second, strict=True))
 
 
-class ScoreData(BaseModel):
+class ScoreData(TypedDict):
     index: int
-    object: Literal["score"] = "score"
+    object: Literal["score"]
     score: float
 
 
-class ScoreResponse(BaseModel):
+class VllmUsage(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int
+
+
+class ScoreResponse(TypedDict):
     id: str
-    object: Literal["list"] = "list"
+    object: Literal["list"]
     created: int
     model: str
     data: list[ScoreData]
-    usage: dict[str, int]
+    usage: VllmUsage
 
 
 class PoolingRequest(ModelOptions, PromptTokenLimit):
@@ -55,16 +63,16 @@ class PoolingRequest(ModelOptions, PromptTokenLimit):
         return one_or_many(self.input)
 
 
-class PoolingData(BaseModel):
+class PoolingData(TypedDict):
     index: int
-    object: Literal["pooling"] = "pooling"
-    data: Any
+    object: Literal["pooling"]
+    data: Annotated[Vector | list[Vector] | FloatMatrix, Field(description="a vector, or one per token")]
 
 
-class PoolingResponse(BaseModel):
+class PoolingResponse(TypedDict):
     id: str
-    object: Literal["list"] = "list"
+    object: Literal["list"]
     created: int
     model: str
     data: list[PoolingData]
-    usage: dict[str, int]
+    usage: VllmUsage

@@ -1,14 +1,17 @@
 """Every route whose body takes a `priority` refuses a raised one from a key without the `priority`
-scope (403), TEI's `POST /` and `POST /models/{name}` included. The routes come from the API
-document, so a new route with a priority is checked without being listed here."""
+scope (403), TEI's `POST /` and `POST /models/{name}` included. The routes come from the app's
+declared operations, so a new route with a priority is checked without being listed here."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
-from infinity_server.openapi import OPERATIONS, Operation
+from infinity_server.app import ROUTES
+from infinity_server.openapi import document_path
+from infinity_server.routing import Operation, operations_of
 from infinity_server.settings import ApiKeySpec
 from tests.conftest import LiveServer
 
@@ -26,7 +29,11 @@ def _takes_priority(schema: Any) -> bool:
 
 
 def _with_priority() -> list[Operation]:
-    return [op for op in OPERATIONS if op.request is not None and _takes_priority(op.request.model_json_schema())]
+    return [
+        op
+        for op in operations_of(ROUTES)
+        if op.request is not None and _takes_priority(TypeAdapter(op.request).json_schema())
+    ]
 
 
 #: What a route's body holds besides `model` and `priority`, where it differs from `input`.
@@ -63,13 +70,13 @@ def server() -> Any:
 def _cases() -> list[tuple[str, dict[str, Any]]]:
     cases = []
     for op in _with_priority():
-        path = op.path.replace("{name}", "fake")
+        path = document_path(op.path).replace("{name}", "fake")
         cases.append((path, {"model": "fake", **EXTRA.get(path, {})}))
     return cases + ALSO
 
 
 def test_the_document_lists_every_route_that_takes_a_priority() -> None:
-    paths = {op.path for op in _with_priority()}
+    paths = {document_path(op.path) for op in _with_priority()}
     assert {"/", "/models/{name}", "/embed", "/predict", "/rerank", "/v1/embeddings", "/v2/embed"} <= paths
     assert "/tokenize" not in paths
 
