@@ -16,7 +16,7 @@ from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec, RegistryConfig
 from model_registry.handles import ModelHandle
 from model_registry.types import Kind, ModelState
-from model_registry.warmup import Rate
+from model_registry.warmup import Budget, Rate
 from model_registry.worker import BatchStats, PrepareStage, Worker
 
 log = logging.getLogger(__name__)
@@ -30,13 +30,13 @@ def assemble(
     adapter: Adapter,
     config: RegistryConfig,
     on_batch: Callable[[BatchStats], None] | None,
-    rate: Rate | None = None,
+    budget: Budget,
 ) -> None:
     """Give a freshly loaded `adapter` its queue, worker, backlog and prepare stage: it serves.
 
-    `rate`, timed at load, seeds the queue's measured rate, so admission plans by deadline from
-    the first request on."""
-    tokens = batch_tokens(handle.spec, adapter)
+    `budget.rate`, timed at load, seeds the queue's measured rate, so admission plans by deadline
+    from the first request on."""
+    tokens, rate = budget.tokens, budget.rate
     queue = BatchQueue(
         max_batch_tokens=tokens,
         max_items=handle.spec.max_queued_items,
@@ -52,7 +52,7 @@ def assemble(
         lambda: queue.rate, headroom=config.admission_headroom, probe=max(4 * tokens, COLD_START_COST)
     )
     handle.stage = PrepareStage(handle.spec.name, adapter, config.prepare_threads)
-    handle.adapter, handle.queue, handle.worker = adapter, queue, worker
+    handle.adapter, handle.queue, handle.worker, handle.budget = adapter, queue, worker, budget
     handle.state = ModelState.LOADED
 
 
@@ -61,16 +61,40 @@ def memory_device_of(spec: ModelSpec) -> str:
     return "cpu" if spec.kind == Kind.FAKE else devices.memory_device(spec.device)
 
 
-def batch_tokens(spec: ModelSpec, adapter: Adapter | None = None) -> int:
-    """The model's batch budget: its own `max_batch_tokens`, else a default for its device."""
-    if spec.max_batch_tokens:
+def batch_tokens(spec: ModelSpec, device: str) -> int:
+    """The largest batch a model on `device` (its memory device) runs: its own
+    `max_batch_tokens`, the largest budget "auto" tries, or the device's default."""
+    if isinstance(spec.max_batch_tokens, int):
         return spec.max_batch_tokens
-    return default_batch_tokens((adapter.device if adapter else None) or spec.device)
+    if measured(spec):
+        return max(budget_candidates(device))
+    return default_batch_tokens(device)
 
 
 def default_batch_tokens(device: str) -> int:
     """The batch budget of a model on `device` that sets none."""
     return _GPU_BATCH_TOKENS if device.startswith("cuda") else _CPU_BATCH_TOKENS
+
+
+def budget_candidates(device: str) -> tuple[int, ...]:
+    """The budgets `max_batch_tokens: auto` times: around the CPU default (whose best depends on
+    the engine and the cores), at and below the GPU default (whose memory the load measures)."""
+    default = default_batch_tokens(device)
+    if device.startswith("cuda"):
+        return (default // 8, default // 4, default // 2, default)
+    return (default // 2, default, default * 2, default * 4)
+
+
+def fixed_budget(spec: ModelSpec, device: str, rate: Rate | None = None) -> Budget:
+    """The budget of a model that is not measured: its configured number, else the device's default."""
+    if isinstance(spec.max_batch_tokens, int):
+        return Budget(spec.max_batch_tokens, "configured", rate)
+    return Budget(default_batch_tokens(device), "device default", rate)
+
+
+def measured(spec: ModelSpec) -> bool:
+    """Whether the model's budget is chosen by timing batches at each load."""
+    return spec.max_batch_tokens == "auto" and spec.kind != Kind.FAKE
 
 
 def release(adapter: Adapter, device: str) -> None:

@@ -14,6 +14,7 @@ from model_registry.admission import Backlog
 from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec
 from model_registry.types import ModelState
+from model_registry.warmup import Budget
 from model_registry.worker import PrepareStage, Worker
 
 
@@ -28,6 +29,8 @@ class ModelHandle:
     worker: Worker | None = None
     backlog: Backlog | None = None
     stage: PrepareStage | None = None
+    #: The batch budget of the current load, and how it was chosen.
+    budget: Budget | None = None
     error: str | None = None
     failed_at: float = 0.0
     #: When the load in progress started (`time.monotonic()`), None when none is.

@@ -35,13 +35,23 @@ from typing import Any, TypeVar
 
 from model_registry import devices, heap, memory
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
-from model_registry.assembly import assemble, batch_tokens, memory_device_of, release, release_quietly, retire
+from model_registry.assembly import (
+    assemble,
+    batch_tokens,
+    budget_candidates,
+    fixed_budget,
+    measured,
+    memory_device_of,
+    release,
+    release_quietly,
+    retire,
+)
 from model_registry.backends import build_process
-from model_registry.config import RegistryConfig
+from model_registry.config import ModelSpec, RegistryConfig
 from model_registry.errors import InsufficientMemory, ModelUnavailable, RegistryError, UnsupportedOperation
 from model_registry.handles import DeviceUsage, EventKind, Lease, LifecycleEvent, ModelHandle
 from model_registry.types import ModelState
-from model_registry.warmup import Rate, measure_rate
+from model_registry.warmup import Budget, measure_budget, measure_rate
 from model_registry.worker import BatchStats
 
 log = logging.getLogger(__name__)
@@ -55,10 +65,17 @@ T = TypeVar("T")
 __all__ = ["DeviceUsage", "EventKind", "Lease", "Lifecycle", "LifecycleEvent", "ModelHandle"]
 
 
-def timed_warm_up(adapter: Adapter, max_batch_tokens: int, device: str) -> Rate | None:
-    """`measure_rate` as a batch of the device: never while a load measures its memory there."""
+def timed_warm_up(adapter: Adapter, spec: ModelSpec, device: str, max_seconds: float) -> Budget:
+    """The model's batch budget and its rate, timed as batches of the device (never while a load
+    measures its memory there): several budgets for `max_batch_tokens: auto`, else one batch at
+    the budget it has (no rate when no batch of it could run)."""
     with devices.gate(device).shared():
-        return measure_rate(adapter, max_batch_tokens)
+        if measured(spec):
+            budget = measure_budget(adapter, budget_candidates(device), max_seconds)
+            if budget is not None:
+                return budget
+        fixed = fixed_budget(spec, device)
+        return fixed_budget(spec, device, measure_rate(adapter, fixed.tokens))
 
 
 class Lifecycle:
@@ -175,7 +192,7 @@ class Lifecycle:
             handle.state, handle.error = ModelState.LOADING, None
             handle.load_started = time.monotonic()
             try:
-                adapter, rate = await self._bring_up(handle)
+                adapter, budget = await self._bring_up(handle)
             except Exception as error:
                 self._failed(handle, error)
                 if isinstance(error, InsufficientMemory):
@@ -184,7 +201,7 @@ class Lifecycle:
                     done.set_exception(ModelUnavailable(f"the model '{spec.name}' failed to load: {handle.error}"))
                 done.exception()  # retrieved here so that an unawaited failure is not reported as lost
             else:
-                assemble(handle, adapter, self.config, self._on_batch, rate)
+                assemble(handle, adapter, self.config, self._on_batch, budget)
                 await asyncio.to_thread(heap.freeze)
                 self.touch(handle)
                 seconds = time.perf_counter() - started
@@ -215,9 +232,9 @@ class Lifecycle:
             LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
         )
 
-    async def _bring_up(self, handle: ModelHandle) -> tuple[Adapter, Rate | None]:
+    async def _bring_up(self, handle: ModelHandle) -> tuple[Adapter, Budget]:
         """Build the adapter, make room for its estimate, load it, charge what it measured, and
-        time a warm-up batch for admission (None when none could run)."""
+        time warm-up batches for its budget and admission's first rate."""
         spec = handle.spec
         deadline = time.monotonic() + self.config.load_timeout
         build_process.DEADLINE.set(deadline)  # an export still running then is killed, not left behind
@@ -229,7 +246,7 @@ class Lifecycle:
             backend=spec.backend,
             quantize=spec.quantize,
             cache_dir=self.config.engine_cache,
-            max_batch_tokens=batch_tokens(spec),
+            max_batch_tokens=batch_tokens(spec, handle.device),
             max_image_pixels=self.config.max_image_pixels,
             max_audio_seconds=self.config.max_audio_seconds,
             max_image_aspect_ratio=self.config.max_image_aspect_ratio,
@@ -260,22 +277,20 @@ class Lifecycle:
         except InsufficientMemory:
             await asyncio.to_thread(release, adapter, handle.device)
             raise
-        return adapter, await self._warm_up(handle, adapter, options, deadline)
+        return adapter, await self._warm_up(handle, adapter, deadline)
 
-    async def _warm_up(
-        self, handle: ModelHandle, adapter: Adapter, options: LoadOptions, deadline: float
-    ) -> Rate | None:
-        """The model's rate on a timed batch; a batch that fails leaves it unmeasured (admission
-        then probes with a few batches' worth, as `Backlog` says), it does not fail the load."""
+    async def _warm_up(self, handle: ModelHandle, adapter: Adapter, deadline: float) -> Budget:
+        """The model's budget and rate from timed batches; a batch that fails leaves the rate
+        unmeasured (admission then probes with a few batches' worth, as `Backlog` says) and the
+        budget fixed, it does not fail the load."""
+        spec, device, seconds = handle.spec, handle.device, self.config.max_batch_seconds
         try:
-            return await self._off_loop(
-                deadline, handle, timed_warm_up, adapter, options.max_batch_tokens, handle.device
-            )
+            return await self._off_loop(deadline, handle, timed_warm_up, adapter, spec, device, seconds)
         except asyncio.TimeoutError:
             raise
         except Exception:
-            log.warning("no timed warm-up for the model '%s'", handle.spec.name, exc_info=True)
-            return None
+            log.warning("no timed warm-up for the model '%s'", spec.name, exc_info=True)
+            return fixed_budget(spec, device)
 
     async def _off_loop(self, deadline: float, loading: ModelHandle | None, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a

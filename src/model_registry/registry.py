@@ -139,9 +139,17 @@ class Registry:
             queue_depth=handle.queue.depth if handle.queue else 0,
             queue_tokens=handle.queue.pending_cost if handle.queue else 0,
             error=handle.error,
-            extra=adapter.describe() if adapter and handle.state == ModelState.LOADED else {},
+            extra=self._facts(handle),
             loading_seconds=None if handle.load_started is None else time.monotonic() - handle.load_started,
         )
+
+    @staticmethod
+    def _facts(handle: ModelHandle) -> dict[str, Any]:
+        """A loaded model's own facts (`Adapter.describe`) and its batch budget."""
+        if handle.adapter is None or handle.state != ModelState.LOADED:
+            return {}
+        budget = {"batch_budget": handle.budget.describe()} if handle.budget else {}
+        return {**handle.adapter.describe(), **budget}
 
     def infos(self) -> list[ModelInfo]:
         return [self.info(name) for name in self._handles]

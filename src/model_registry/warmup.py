@@ -7,7 +7,9 @@ images that its processor turns into the most patches it allows, audio clips of 
 reads. A model with two towers (CLIP, CLAP) runs both; the peak over all of them is its footprint.
 
 Every load, on any device, also times one such batch (`measure_rate`): admission then knows the
-model's rate before its first request, and a cold model admits by deadline like a warm one.
+model's rate before its first request, and a cold model admits by deadline like a warm one. A
+model with `max_batch_tokens: auto` times a few budgets instead and keeps the best
+(`measure_budget`).
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ _FALLBACK_LENGTH = 512
 SLOW_BATCH = 2.0
 
 
-def worst_case_batches(adapter: Adapter, max_batch_tokens: int) -> list[list[Item]]:
+def worst_case_batches(adapter: Adapter, max_batch_tokens: int, *, first: bool = False) -> list[list[Item]]:
     """One batch per input kind the model takes, each holding as many of its longest inputs as
-    fit `max_batch_tokens` (counted from what the model's own preparation says they cost)."""
+    fit `max_batch_tokens` (counted from what the model's own preparation says they cost); with
+    `first`, only the first kind's batch that the model can prepare."""
     caps = adapter.capabilities
     length = min(adapter.max_length or _FALLBACK_LENGTH, max_batch_tokens)
     words = " ".join(["word"] * length)  # one token or more per word: truncated at the model's length
@@ -71,8 +74,14 @@ def worst_case_batches(adapter: Adapter, max_batch_tokens: int) -> list[list[Ite
         longest.append(EmbedItem(Media(Modality.IMAGE, _image()), media))
     if Capability.EMBED_AUDIO in caps:
         longest.append(EmbedItem(Media(Modality.AUDIO, _audio()), media))
-    batches = [_filled(adapter, item, max_batch_tokens) for item in longest]
-    return [b for b in batches if b]
+    batches = []
+    for item in longest:
+        batch = _filled(adapter, item, max_batch_tokens)
+        if batch:
+            batches.append(batch)
+            if first:
+                break
+    return batches
 
 
 def run_batches(adapter: Adapter, batches: Sequence[Sequence[Item]]) -> int:
@@ -103,7 +112,7 @@ def measure_rate(adapter: Adapter, max_batch_tokens: int) -> Rate | None:
 
     The batch runs twice, the second timed (a first call pays one-time costs: lazy kernels,
     allocator growth), unless the first alone took `SLOW_BATCH` seconds or more."""
-    batches = worst_case_batches(adapter, max_batch_tokens)
+    batches = worst_case_batches(adapter, max_batch_tokens, first=True)
     if not batches:
         return None
     prepared = _prepared(adapter, batches[0])
@@ -111,6 +120,55 @@ def measure_rate(adapter: Adapter, max_batch_tokens: int) -> Rate | None:
     if seconds < SLOW_BATCH:
         seconds = _timed(adapter, prepared)
     return Rate(sum(p.cost for p in prepared), seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A model's batch budget in tokens (padding counted), why it is what it is, and the timed
+    batches behind a measured one."""
+
+    tokens: int
+    #: "configured" (the model's `max_batch_tokens`), "device default" or "measured".
+    chosen_by: str
+    rate: Rate | None = None
+    #: Measured: each budget tried, its batch's cost and seconds, smallest budget first.
+    trials: tuple[tuple[int, Rate], ...] = ()
+
+    def describe(self) -> dict[str, object]:
+        facts: dict[str, object] = {"tokens": self.tokens, "chosen_by": self.chosen_by}
+        if self.trials:
+            facts["trials"] = [
+                {"tokens": tokens, "batch_seconds": round(r.seconds, 4), "tokens_per_second": round(r.cost / r.seconds)}
+                for tokens, r in self.trials
+            ]
+        return facts
+
+
+#: A budget is kept over a smaller one only for at least this much more throughput (timing noise).
+BUDGET_GAIN = 1.05
+
+
+def measure_budget(adapter: Adapter, candidates: Sequence[int], max_seconds: float) -> Budget | None:
+    """Time a full batch of the model's longest inputs at each budget in `candidates` (smallest
+    first, stopping at the first batch over `max_seconds`) and keep the smallest budget within
+    `BUDGET_GAIN` of the best throughput among those within `max_seconds` (the smallest one when
+    none is). None when no batch of the model could run."""
+    trials: list[tuple[int, Rate]] = []
+    for tokens in sorted(candidates):
+        batches = worst_case_batches(adapter, tokens, first=True)
+        if not batches:
+            return None
+        prepared = _prepared(adapter, batches[0])
+        seconds = _timed(adapter, prepared)
+        if seconds < SLOW_BATCH:  # the first run of a shape pays one-time costs
+            seconds = min(seconds, _timed(adapter, prepared))
+        trials.append((tokens, Rate(sum(p.cost for p in prepared), seconds)))
+        if seconds > max_seconds:
+            break
+    within = [(tokens, rate) for tokens, rate in trials if rate.seconds <= max_seconds] or trials[:1]
+    best = max(rate.cost / rate.seconds for _, rate in within)
+    tokens, rate = next((t, r) for t, r in within if r.cost / r.seconds * BUDGET_GAIN >= best)
+    return Budget(tokens, "measured", rate, tuple(trials))
 
 
 def _prepared(adapter: Adapter, items: Sequence[Item]) -> list[Prepared]:

@@ -97,7 +97,7 @@ def test_footprint_estimate_before_the_load_matches_the_measure_after(tmp_path: 
                 await registry.embed(name, ["x"])
                 handle = registry._handles[name]
                 assert handle.adapter is not None
-                options = LoadOptions("cpu", "auto", batch_tokens(handle.spec))
+                options = LoadOptions("cpu", "auto", batch_tokens(handle.spec, "cpu"))
                 estimate = handle.adapter.estimate(options)
                 measured = registry.info(name).footprint_bytes
                 assert measured is not None
