@@ -30,10 +30,10 @@ ENGINE_LAYERS: tuple[frozenset[str], ...] = tuple(
         "memory warmup worker",
         "batching admission timing heap",
         "adapters",  # the model families
-        "decoding similarity detect detect_rules",
+        "decoding similarity detect detect_rules native_ports",
         "config",
         "backends",  # the engines
-        "detect_zoo native_ports llm_rerank sources catalogue devices",
+        "detect_zoo llm_rerank sources catalogue devices",
         "types errors",  # the contract's leaves
     )
 )
@@ -186,7 +186,7 @@ _DIALECT_MAY_IMPORT = (
     "infinity_server.encoding",
     "infinity_server.errors",
     "infinity_server.schemas",
-    "infinity_server.media",
+    "infinity_server.fetch",
     "infinity_server.routing",
     "infinity_server.settings",
 )

@@ -25,7 +25,7 @@ from infinity_server.auth import Authenticate, keyring
 from infinity_server.body_limit import BodyLimit
 from infinity_server.content_type import JsonContentType
 from infinity_server.errors import HTTPError, error_response, handle_exception, shape_of, to_response
-from infinity_server.media import close_media_client
+from infinity_server.fetch import close_media_client
 from infinity_server.metrics import Metrics, RequestMetrics
 from infinity_server.request_context import RequestContext
 from infinity_server.routing import Routed, operations_of

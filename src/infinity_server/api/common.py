@@ -16,8 +16,7 @@ from starlette.responses import Response
 
 from infinity_server.auth import PRIORITY, has_scope
 from infinity_server.errors import HTTPError
-from infinity_server.media import FetchPolicy, MediaFetcher, shared_media_client
-from infinity_server.media_limits import FetchGate
+from infinity_server.fetch import FetchGate, FetchPolicy, MediaFetcher, shared_media_client
 from infinity_server.settings import ServerSettings
 from model_registry import Cancelled, Media, Modality, Registry
 

@@ -14,7 +14,7 @@ request still goes to an address checked for that request, and no connection is 
 
 Before anything is decoded or fetched, the request's input count and URL count are checked. A
 request fetches at most `concurrency` URLs at once, the server at most `server.media_max_fetches`,
-and the fetched bytes held server-wide are bounded (`media_limits.py`). A compressed response is
+and the fetched bytes held server-wide are bounded (`limits.py`). A compressed response is
 counted as the bytes it decompresses to, as they stream, and stops at the byte limit.
 
 Every failure is an `InvalidInput` naming the input's index: a 400 for the request, nothing more.
@@ -37,8 +37,8 @@ from typing import Any
 
 import httpx
 
-from infinity_server.addresses import Address, refused_reason
-from infinity_server.media_limits import ACCEPTED_ENCODINGS, BoundedDecoder, FetchGate, Holding, TooLarge
+from infinity_server.fetch.addresses import Address, refused_reason
+from infinity_server.fetch.limits import ACCEPTED_ENCODINGS, BoundedDecoder, FetchGate, Holding, TooLarge
 from model_registry.errors import InvalidInput
 from model_registry.types import Media, Modality
 

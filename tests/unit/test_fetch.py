@@ -12,8 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from infinity_server.addresses import embedded_ipv4, refused_reason
-from infinity_server.media import FetchPolicy, MediaFetcher, close_media_client, media_client, shared_media_client
+from infinity_server.fetch.addresses import embedded_ipv4, refused_reason
+from infinity_server.fetch.client import (
+    FetchPolicy,
+    MediaFetcher,
+    close_media_client,
+    media_client,
+    shared_media_client,
+)
 from model_registry.errors import InvalidInput
 from model_registry.types import Media, Modality
 
@@ -304,7 +310,7 @@ def test_too_many_urls_are_refused_before_any_is_resolved() -> None:
 
 
 def test_concurrent_fetches_are_bounded_per_request_and_per_server() -> None:
-    from infinity_server.media_limits import FetchGate
+    from infinity_server.fetch.limits import FetchGate
 
     active, peak = 0, 0
 
@@ -334,7 +340,7 @@ def test_concurrent_fetches_are_bounded_per_request_and_per_server() -> None:
 
 
 def test_bytes_held_are_bounded_server_wide_and_released() -> None:
-    from infinity_server.media_limits import FetchGate
+    from infinity_server.fetch.limits import FetchGate
     from model_registry.errors import Overloaded
 
     recorder = Recorder({f"{PUBLIC}/a.png": httpx.Response(200, content=b"x" * 600)})
@@ -390,7 +396,7 @@ def test_compressed_responses_are_limited_by_their_decompressed_size() -> None:
 def test_bounded_decoder_never_inflates_past_the_limit() -> None:
     import gzip
 
-    from infinity_server.media_limits import BoundedDecoder, TooLarge
+    from infinity_server.fetch.limits import BoundedDecoder, TooLarge
 
     decoder = BoundedDecoder("gzip", limit=10_000, index=0)
     with pytest.raises(TooLarge):
