@@ -17,9 +17,8 @@ How a batch is chosen, each time the worker asks for one:
 3. A window of the head's class and group (up to `window` batches' worth of cost and at most
    `WINDOW_ITEMS` items, the head request first, then the others by service level) is sorted by
    cost and cut into batches that fit `max_batch_tokens` with padding counted; the batch holding
-   the head's oldest item is returned. A wide window pads less: 4 x 256 STS-benchmark sentences
-   cut from windows of 4 batches take 18 batches and 13% padding, from 16 batches 16 and 7% (the
-   padding of one sort over all of them), 12% faster on the bundled MiniLM.
+   the head's oldest item is returned. A wide window pads less, nearly as little as one sort over
+   the whole backlog (figures: docs/reliability.md).
 
 A small request (at most `small_request_items` items) ranks above bulk ones by default, and
 batches never mix priority classes: a single search query waits for the batch in flight, then runs

@@ -4,7 +4,7 @@ A loaded model brings hundreds of thousands of Python objects that live as long 
 modules of torch, transformers and the engines, the tokenizer, the model's own. CPython's
 collector walks every one of them in each full collection, and under a bulk load a full
 collection comes every second or so, because requests in flight survive the young generations.
-Each one holds the interpreter lock for 100-200 ms with the bundled model: every thread of the
+Each one holds the interpreter lock for a long pause (docs/lifecycle.md): every thread of the
 server stops, the event loop and every other model's workers included.
 
 So after each load `freeze` collects what is not frozen yet (the new model's objects and what was

@@ -96,11 +96,10 @@ def _with_converter_defaults(directory: Path, view: Path) -> Path:
 def replica_threads(threads: int, lanes: int, compute: str) -> int:
     """Each replica's threads: the cores shared out between the lanes, never more than the cores.
 
-    A float replica keeps two at least where there are two: on 2 cores two float32 replicas of two
-    threads ran one long document 1.4x faster than two of one (38 against 54 ms). An int8 replica
-    takes its share even when that is one: there one thread each was as fast on a long document
-    (25.8 ms both), 1.1-1.5x faster in bulk and on one sentence (3.0 against 3.9 ms idle), and
-    steadier from run to run. From 4 cores up both rules give the same."""
+    A float replica keeps two at least where there are two: a long document runs faster on two
+    threads each than on one. An int8 replica takes its share even when that is one: it is as
+    fast on a long document and faster in bulk and idle. From 4 cores up both rules give the same
+    (figures: docs/history/backends-tuning.md)."""
     floor = 1 if compute.startswith("int8") else 2
     return max(1, min(threads, max(floor, threads // lanes)))
 
