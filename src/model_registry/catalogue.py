@@ -57,6 +57,8 @@ _NOMIC_PROMPTS = {
     "classification": "classification: ",
 }
 _MODERNBERT_PROMPTS = {"query": "search_query: ", "document": "search_document: "}
+_JINA_QUERY = "Represent the query for retrieving evidence documents: "
+_JINA_PASSAGE = "Represent the document for retrieval: "
 
 
 def _qwen3_embedding(size: str) -> Record:
@@ -160,9 +162,10 @@ _RECORDS: tuple[Record, ...] = (
         {"kind": "dense"},
         pooling="mean",
         max_length=8192,
-        remote_code=True,
-        note="XLM-R with LoRA task adapters in hub code (auto_map, custom_st): needs trust_remote_code: true and "
-        "that code in the local cache; no task is passed to it",
+        prompts={"retrieval.query": _JINA_QUERY, "retrieval.passage": _JINA_PASSAGE},
+        note="XLM-R with LoRA task adapters (XLMRobertaLoRA) served by transformers' native jina_embeddings_v3 "
+        "port, no remote code needed; `task` per request (retrieval.query, retrieval.passage, separation, "
+        "classification, text-matching), `options.default_task` for requests that name none",
     ),
     Record(
         "lightonai/GTE-ModernColBERT-v1",

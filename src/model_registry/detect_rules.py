@@ -32,7 +32,7 @@ from model_registry.detect_zoo import (
     untrusted_code,
 )
 from model_registry.errors import ModelUnavailable
-from model_registry.native_ports import native_port, port_name
+from model_registry.native_ports import is_jina_lora, jina_port, native_port, port_name
 from model_registry.types import Kind
 
 Stage = Literal["layout", "code", "kind", "family"]
@@ -156,6 +156,18 @@ def _port_note(facts: Facts) -> str:
     return f"transformers' native {port_name(facts.model_type)} port{unused}"
 
 
+def _jina_lora(facts: Facts) -> bool:
+    return is_jina_lora(facts.config) and jina_port() is not None
+
+
+def _jina_kind_message(facts: Facts) -> str:
+    kind = facts.kind.value if facts.kind else "auto"
+    return (
+        f"{facts.root} holds jina-embeddings-v3 (XLM-R with LoRA task adapters), an embedder: it is served as kind "
+        f"dense only, not {kind}"
+    )
+
+
 def _causal_lm_message(facts: Facts) -> str:
     return (
         f"{facts.root} holds a causal language model ({', '.join(facts.architectures)}) with no sentence-transformers "
@@ -215,6 +227,19 @@ RULES: tuple[Rule, ...] = (
         remote=False,
         port=True,
         note=_port_note,
+    ),
+    Rule(
+        "jina-lora-port",
+        "code",
+        _jina_lora,
+        "transformers' jina_embeddings_v3 port runs jina-embeddings-v3 as published (XLMRobertaLoRA), without "
+        "`trust_remote_code`, its LoRA task adapters applied per request",
+        remote=False,
+        port=True,
+        note=lambda f: (
+            "transformers' native jina_embeddings_v3 port with the checkpoint's LoRA task adapters "
+            "(the checkpoint's hub code is not run)"
+        ),
     ),
     Rule(
         "custom-module",
@@ -327,6 +352,20 @@ RULES: tuple[Rule, ...] = (
         lambda f: bool(f.rerank_keys) and not _llm_reranker(f),
         "refused: `template`, `true_token`, `false_token` or `instruction` on a model that is not an LLM reranker",
         refusal=_rerank_keys_message,
+    ),
+    Rule(
+        "jina-lora-not-dense",
+        "family",
+        lambda f: _jina_lora(f) and f.kind != Kind.DENSE,
+        "refused: jina-embeddings-v3 with a kind other than `dense`",
+        refusal=_jina_kind_message,
+    ),
+    Rule(
+        "jina-lora",
+        "family",
+        _jina_lora,
+        "jina-embeddings-v3's task adapters, chosen per request (`adapters/jina_lora.py`)",
+        family="jina_lora",
     ),
     Rule(
         "siglip2-naflex",

@@ -1,6 +1,6 @@
 """Embed: texts, token ids or media to dense, sparse or multi-vector outputs, one result per
-input, over `Runner.run`; with prompts, truncation, a per-request token limit and the two ways of
-taking texts longer than the model (`long_inputs`).
+input, over `Runner.run`; with prompts, task adapters, truncation, a per-request token limit and
+the two ways of taking texts longer than the model (`long_inputs`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,15 @@ from model_registry.runner import Runner
 from model_registry.types import Content, EmbedItem, Output, Results, Text, TokenIds
 from model_registry.validation import RawInput
 
+#: A role or prompt name -> the task adapter it means on a model that has task adapters.
+ROLE_TASKS = {
+    "query": "retrieval.query",
+    "document": "retrieval.passage",
+    "passage": "retrieval.passage",
+    "classification": "classification",
+    "clustering": "separation",
+}
+
 
 async def embed(
     registry: Runner,
@@ -27,6 +36,7 @@ async def embed(
     prompt_name: str | None = None,
     prompt: str | None = None,
     role: str | None = None,
+    task: str | None = None,
     truncate: bool | None = None,
     truncation_direction: str = "right",
     max_tokens: int | None = None,
@@ -40,6 +50,9 @@ async def embed(
 
     `role` ("query", "document", "classification"...) names a prompt used only when the model
     has it ("document" falls back to "passage"), as rerank does; `prompt_name` must exist.
+    `task` picks the task adapter of a model that has them (`Adapter.tasks`, jina-embeddings-v3),
+    which puts its instruction before each text unless a prompt is named; without one, a
+    `prompt_name` or `role` that means a task picks it (`ROLE_TASKS`), else the model's default.
     `truncation_direction` "left" cuts over-long texts at their start (dense, sparse, BGE-M3).
     `max_tokens` lowers the model's token limit for this request's texts, special tokens and
     prompt included (dense, sparse, BGE-M3): longer ones are cut, or refused without truncation.
@@ -54,9 +67,7 @@ async def embed(
     adapter = await registry.adapter(model)
     wanted = frozenset(Output(o) for o in outputs)
     validation.require_outputs(model, adapter, wanted)
-    if prompt_name is None and prompt is None and role is not None:
-        prompt = adapter.prompts.get(role, adapter.prompts.get("passage") if role == "document" else None)
-    text_prompt = validation.prompt_text(adapter, prompt_name, prompt)
+    task, text_prompt = _task_prompt(adapter, model, task, prompt_name, prompt, role)
     cut = spec.truncate if truncate is None else truncate
     is_query = (prompt_name or role) == "query"
     if max_tokens is not None and any(isinstance(c, Text | TokenIds) for c in contents):
@@ -75,13 +86,45 @@ async def embed(
     if long_inputs == "late":
         contents, ranges = _late_plan(registry, adapter, model, contents, wanted, text_prompt, spans)
     items = [
-        EmbedItem(c, wanted, text_prompt, is_query, cut, left, max_tokens, s)
+        EmbedItem(c, wanted, text_prompt, is_query, cut, left, max_tokens, s, task)
         for c, s in zip(contents, ranges, strict=True)
     ]
     if output_limit is not None:
         output_limit.check(items, adapter.max_length, adapter.dimensions)
     results = await registry.run(model, items, priority=priority, timeout=timeout)
     return results if plan is None else merge(results, plan, adapter.describe().get("normalize") is True)
+
+
+def _task_prompt(
+    adapter: Adapter, model: str, task: str | None, prompt_name: str | None, prompt: str | None, role: str | None
+) -> tuple[str | None, str]:
+    """The task adapter a request runs with (None: none) and the prompt put before its texts."""
+    if not adapter.tasks:
+        if task is not None:
+            raise InvalidInput(
+                f"the model '{model}' has no task adapters; `task` applies to models that have them "
+                "(jina-embeddings-v3)",
+                param="task",
+            )
+        if prompt_name is None and prompt is None and role is not None:
+            prompt = adapter.prompts.get(role, adapter.prompts.get("passage") if role == "document" else None)
+        return None, validation.prompt_text(adapter, prompt_name, prompt)
+    if task is not None and task not in adapter.tasks:
+        known = ", ".join(adapter.tasks)
+        raise InvalidInput(f"unknown task '{task}'; the model '{model}' has the tasks: {known}", param="task")
+    chosen = task or _named_task(adapter, prompt_name) or _named_task(adapter, role) or adapter.default_task
+    named = prompt_name is not None and (prompt_name in adapter.prompts or _named_task(adapter, prompt_name) is None)
+    if prompt is not None or named or chosen is None:
+        return chosen, validation.prompt_text(adapter, prompt_name, prompt)
+    return chosen, adapter.task_prompts.get(chosen, "")
+
+
+def _named_task(adapter: Adapter, name: str | None) -> str | None:
+    """The task a prompt name or role means on `adapter`: a task's own name, or `ROLE_TASKS`'."""
+    if name is None or name in adapter.tasks:
+        return name
+    mapped = ROLE_TASKS.get(name)
+    return mapped if mapped in adapter.tasks else None
 
 
 def _chunk_plan(

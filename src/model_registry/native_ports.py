@@ -11,6 +11,13 @@ cache directory, under `ports/`).
 new-impl's RoPE scaling (`rope_scaling: {type: ntk, factor: f}`) is a fixed NTK scaling: the base
 times f, every frequency divided by f^(2/head_dim). In transformers' terms that is `linear`
 scaling by f^(2/head_dim) over `rope_theta` times f.
+
+jina-embeddings-v3 as published (`model_type: "xlm-roberta"`, `XLMRobertaLoRA` in
+jinaai/xlm-roberta-flash-implementation's code) keeps each adapted layer's weight as a torch
+parametrization: `<layer>.parametrizations.weight.original` beside the task adapters' stacked
+`<layer>.parametrizations.weight.0.lora_A` and `lora_B`. Its view holds the config in
+`jina_embeddings_v3`'s terms, the base weights under the names that port renames at load, and
+the LoRA factors apart in `lora.safetensors` (`adapters/jina_lora.py` applies them per task).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +55,26 @@ _GTE_FIXED = {
 #: new-impl's keys that mean nothing to the port once translated (attention kernels, unpadding).
 _GTE_DROPPED = ("auto_map", "rope_scaling", "rope_theta", "unpad_inputs", "use_memory_efficient_attention")
 _VIEWS = "ports"
+#: The published jina-embeddings-v3's model class, and the one setting of its code the port implements.
+_JINA_CLASS = "XLMRobertaLoRA"
+_JINA_FIXED = {"position_embedding_type": "rotary"}
+_JINA_DROPPED = ("auto_map", "rotary_emb_base", "use_flash_attn", "position_embedding_type")
+_PARAMETRIZED = ".parametrizations.weight."
+#: Files of the view written from the checkpoint's weights: the base, and the task adapters.
+LORA_FILE = "lora.safetensors"
+_WEIGHTS = "model.safetensors"
+_INDEX = "model.safetensors.index.json"
+
+
+def is_jina_lora(config: dict[str, Any]) -> bool:
+    """jina-embeddings-v3's published layout: XLM-R with LoRA task adapters in its own code."""
+    architectures = config.get("architectures") or ()
+    return _JINA_CLASS in architectures and bool(config.get("lora_adaptations"))
+
+
+def jina_port() -> str | None:
+    """transformers' jina_embeddings_v3 port, which serves the published layout, when installed."""
+    return native_port("jina_embeddings_v3")
 
 
 def native_port(model_type: str, architectures: Sequence[str] = ()) -> str | None:
@@ -99,25 +126,77 @@ def _gte_rope(config: dict[str, Any]) -> dict[str, Any]:
 def port_directory(directory: Path, config: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     """The directory and config the native port reads: `directory` itself, or a view of it
     with a translated config.json for a layout whose config transformers cannot read."""
-    if config.get("model_type") != "new":
+    jina = is_jina_lora(config)
+    if config.get("model_type") != "new" and not jina:
         return directory, config
-    translated = gte_config(config)
+    translated = jina_config(config) if jina else gte_config(config)
     text = json.dumps(translated, indent=2, sort_keys=True)
-    key = hashlib.sha256(f"{directory.resolve()}\n{text}".encode()).hexdigest()[:20]
-    view = cache_root(None) / _VIEWS / key
+    weights = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in _weight_files(directory))
+    identity = "\n".join([str(directory.resolve()), text, *(weights if jina else ())])
+    view = cache_root(None) / _VIEWS / hashlib.sha256(identity.encode()).hexdigest()[:20]
     if not (view / "config.json").is_file():
-        _write_view(directory, view, text)
+        _write_view(directory, view, text, split_lora if jina else None)
     return view, translated
 
 
-def _write_view(directory: Path, view: Path, config_text: str) -> None:
-    """Links to every entry of `directory` but config.json, written whole then renamed into place."""
+def jina_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The published jina-embeddings-v3 config.json in the terms of transformers' port."""
+    for key, value in _JINA_FIXED.items():
+        if config.get(key, value) != value:
+            raise ModelUnavailable(
+                f"jina-embeddings-v3 layout ({_JINA_CLASS}) with {key}: {config[key]!r}: transformers' "
+                f"jina_embeddings_v3 port, which serves this family, implements {key}: {value!r} only"
+            )
+    kept = {k: v for k, v in config.items() if k not in _JINA_DROPPED}
+    theta = float(config.get("rotary_emb_base", 10000.0))
+    kept.update(
+        model_type="jina_embeddings_v3",
+        architectures=["JinaEmbeddingsV3Model"],
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+    )
+    return kept
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.safetensors"))
+
+
+def split_lora(directory: Path, staging: Path) -> None:
+    """The checkpoint's weights as two files in `staging`: the base under plain names
+    (`<layer>.weight` for a parametrized layer) and the LoRA factors under theirs."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    files = _weight_files(directory)
+    if not files:
+        raise ModelUnavailable(f"jina-embeddings-v3 layout in {directory} without safetensors weights")
+    base, lora = {}, {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a mapping)
+                tensor = handle.get_tensor(name)
+                if ".lora_" in name:
+                    lora[name] = tensor
+                else:
+                    base[name.replace(f"{_PARAMETRIZED}original", ".weight")] = tensor
+    save_file(base, str(staging / _WEIGHTS), metadata={"format": "pt"})
+    save_file(lora, str(staging / LORA_FILE), metadata={"format": "pt"})
+
+
+def _write_view(
+    directory: Path, view: Path, config_text: str, weights: Callable[[Path, Path], None] | None = None
+) -> None:
+    """Links to every entry of `directory` but config.json (and, with `weights`, the weight files
+    that writes instead), written whole then renamed into place."""
     view.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=view.parent, prefix=".staging-"))
+    skipped = {"config.json"} | ({p.name for p in _weight_files(directory)} | {_INDEX} if weights else set())
     try:
         for entry in directory.iterdir():
-            if entry.name != "config.json":
+            if entry.name not in skipped:
                 (staging / entry.name).symlink_to(entry.resolve())
+        if weights is not None:
+            weights(directory, staging)
         (staging / "config.json").write_text(config_text, encoding="utf-8")
         os.replace(staging, view)
     except OSError as error:

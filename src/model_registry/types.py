@@ -113,6 +113,8 @@ class EmbedItem:
     max_tokens: int | None = None
     #: Late chunking: token ranges [start, stop) of the input, each pooled to its own vector.
     spans: tuple[tuple[int, int], ...] = ()
+    #: The task adapter that embeds it (`Adapter.tasks`), None for the model without one.
+    task: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,15 @@ PAIR_TEMPLATE = (
 )
 
 
+#: jina-embeddings-v3 as published: XLM-R naming its LoRA model class, with task adapters.
+JINA = {
+    "model_type": "xlm-roberta",
+    "architectures": ["XLMRobertaLoRA"],
+    "auto_map": {"AutoModel": "jinaai/xlm-roberta-flash-implementation--modeling_lora.XLMRobertaLoRA"},
+    "lora_adaptations": ["retrieval.query", "text-matching"],
+}
+
+
 def labels(count: int) -> dict[str, Any]:
     names = {str(i): f"LABEL_{i}" for i in range(count)}
     return {"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": names}
@@ -57,6 +66,10 @@ CASES: dict[str, tuple[Case, Case | None]] = {
     "native-port": (
         Case({"config.json": {"model_type": "nomic_bert", "architectures": ["NomicBertModel"], "auto_map": {}}}),
         Case({"config.json": {**remote("org/new-impl--modeling.NewForSequenceClassification"), "model_type": "new"}}),
+    ),
+    "jina-lora-port": (
+        Case({"config.json": JINA, "modules.json": [{**TRANSFORMER, "type": "custom_st.Transformer"}]}),
+        Case({"config.json": {**JINA, "lora_adaptations": []}}),
     ),
     "custom-module": (
         Case({"config.json": BERT, "modules.json": [TRANSFORMER, {**POOLING, "type": "custom_st.Pooling"}]}),
@@ -118,6 +131,11 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"config.json": labels(1)}, {"true_token": "yes"}),
         Case({"config.json": QWEN3_LM}, {"kind": "reranker", "true_token": "yes"}),
     ),
+    "jina-lora-not-dense": (
+        Case({"config.json": JINA}, {"kind": "sparse"}),
+        Case({"config.json": JINA}),
+    ),
+    "jina-lora": (Case({"config.json": JINA}), Case({"config.json": remote()})),
     "siglip2-naflex": (
         Case({"config.json": {"model_type": "siglip2", "architectures": ["Siglip2Model"]}}),
         Case({"config.json": {"model_type": "siglip", "architectures": ["SiglipModel"]}}),
@@ -131,6 +149,7 @@ CASES: dict[str, tuple[Case, Case | None]] = {
 DECIDES: dict[str, Kind | str | bool] = {
     "open-clip": "open_clip",
     "native-port": False,
+    "jina-lora-port": False,
     "remote-code": True,
     "bge-m3": Kind.MULTI_OUTPUT,
     "colbert-ai": Kind.MULTIVECTOR,
@@ -141,6 +160,7 @@ DECIDES: dict[str, Kind | str | bool] = {
     "llm-reranker-template": Kind.RERANKER,
     "media": Kind.AUDIO_TEXT,
     "dense": Kind.DENSE,
+    "jina-lora": "jina_lora",
     "siglip2-naflex": "naflex",
     "llm-reranker": "llm_reranker",
 }

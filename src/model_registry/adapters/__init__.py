@@ -73,6 +73,7 @@ FAMILY_FACTORIES: dict[str, str] = {
     "open_clip": "model_registry.adapters.open_clip:OpenClipAdapter",
     "naflex": "model_registry.adapters.naflex:NaflexAdapter",
     "llm_reranker": "model_registry.adapters.llm_reranker:LlmRerankerAdapter",
+    "jina_lora": "model_registry.adapters.jina_lora:JinaLoraAdapter",
 }
 
 

@@ -65,6 +65,11 @@ class Adapter(abc.ABC):
     #: Named prompts (e.g. "query") and the one used when a request names none.
     prompts: Mapping[str, str] = {}
     default_prompt_name: str | None = None
+    #: Task adapters a request may choose (`EmbedItem.task`), the one taken when it names none
+    #: (None: the model without an adapter), and the instruction each puts before a text.
+    tasks: tuple[str, ...] = ()
+    default_task: str | None = None
+    task_prompts: Mapping[str, str] = {}
     #: Whether a rerank request may give its own instruction (`PairItem.instruction`).
     rerank_instructions: bool = False
     #: Where the loaded model runs and in what precision (a torch dtype or its name); None
