@@ -79,6 +79,7 @@ async def embeddings(request: Request, body: EmbeddingRequest) -> Vectors[Embedd
             body.model,
             inputs,
             prompt_name=body.prompt_name,
+            task=body.task,
             priority=body.priority,
             long_inputs=body.long_inputs,
             spans=body.spans,

@@ -26,6 +26,8 @@ class EncodeRequest(ModelOptions):
     outputs: list[OutputName] = Field(default_factory=_dense_only, min_length=1)
     # "query" encodes queries (ColBERT query augmentation, query prompts); documents otherwise.
     prompt_name: StrictStr | None = None
+    # The task adapter of a model that has them (jina-embeddings-v3: retrieval.query, retrieval.passage, ...).
+    task: StrictStr | None = None
     return_tokens: StrictBool = False
     encoding_format: EncodingFormat = "float"
     embedding_type: EmbeddingType = "float32"

@@ -32,6 +32,8 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit):
     modality: Literal["text", "image", "audio"] = "text"
     # Extensions.
     prompt_name: StrictStr | None = None
+    # The task adapter of a model that has them (jina-embeddings-v3: retrieval.query, retrieval.passage, ...).
+    task: StrictStr | None = None
     embedding_type: EmbeddingType = "float32"
     # An input longer than the model's length without truncation: refused, windowed, or read whole.
     long_inputs: Literal["error", "chunk", "late"] = "error"

@@ -19,6 +19,7 @@ from model_registry.catalogue import RECORDS
 from tests.builders.catalogue import tiny_embeddinggemma, tiny_gte_modernbert, tiny_modernbert_embedder, tiny_nomic
 from tests.builders.gte import tiny_gte_multilingual
 from tests.builders.hub import lay_out_cache
+from tests.builders.jina import tiny_jina_v3
 from tests.builders.llm_rerankers import (
     tiny_gemma_reranker,
     tiny_mxbai_reranker,
@@ -28,8 +29,9 @@ from tests.builders.llm_rerankers import (
 from tests.builders.media import tiny_siglip2, tiny_siglip2_naflex
 from tests.builders.text import tiny_bert
 from tests.builders.zoo import tiny_bge_m3, tiny_modern_colbert, tiny_pylate, tiny_xlmr_cross_encoder
+from tests.integration.zoo.test_jina_v3 import SENTENCES as JINA_SENTENCES
+from tests.integration.zoo.test_jina_v3 import reference as jina_reference
 from tests.integration.zoo.test_llm_rerank import DOCUMENTS, QUERY, gemma_card, mxbai_card, qwen3_card, reference
-from tests.integration.zoo.test_remote_code import tiny_remote_code_model
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +63,7 @@ LAYOUTS: dict[str, Builder] = {
     "nomic-ai/modernbert-embed-base": tiny_modernbert_embedder,
     "nomic-ai/nomic-embed-text-v1.5": tiny_nomic,
     "Alibaba-NLP/gte-multilingual-base": tiny_gte_multilingual,
+    "jinaai/jina-embeddings-v3": tiny_jina_v3,
 }
 
 
@@ -134,14 +137,22 @@ def test_yaml_keys_override_the_record(serve: Any, hub: Callable[[str, Builder],
     np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
-def test_jina_v3_by_its_id_needs_trust_remote_code(serve: Any, hub: Callable[[str, Builder], Path]) -> None:
-    """Its layout names code of its own (auto_map): refused, naming the setting, never plain XLM-R."""
-    hub("jinaai/jina-embeddings-v3", tiny_remote_code_model)
+def test_jina_v3_by_its_id_runs_its_task_adapters_on_transformers_port(
+    serve: Any, hub: Callable[[str, Builder], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its layout names code of its own (auto_map): transformers' port serves it without that code."""
+    monkeypatch.setenv("INFINITY_ENGINE_CACHE", str(tmp_path / "engines"))
+    directory = hub("jinaai/jina-embeddings-v3", tiny_jina_v3)
     live = serve({"models": [{"name": "jina", "source": "jinaai/jina-embeddings-v3"}]})
+    body = {"model": "jina", "input": JINA_SENTENCES, "task": "retrieval.query"}
     with live.client() as client:
-        answer = client.post("/v1/embeddings", json={"model": "jina", "input": ["a cat"]})
-        assert answer.status_code == 503, answer.text
-        assert "trust_remote_code: true" in answer.json()["error"]["message"]
+        answer = client.post("/v1/embeddings", json=body)
+        assert answer.status_code == 200, answer.text
+        details = client.get("/v1/models/jina").json()["details"]
+    got = np.asarray([row["embedding"] for row in answer.json()["data"]])
+    np.testing.assert_allclose(got, jina_reference(directory, "retrieval.query"), atol=1e-4)
+    assert details["catalogue"] == "jinaai/jina-embeddings-v3"
+    assert "native jina_embeddings_v3 port" in details["code"]
 
 
 def test_the_catalogue_route_lists_every_record(serve: Any) -> None:

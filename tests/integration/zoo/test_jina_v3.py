@@ -1,0 +1,159 @@
+"""jina-embeddings-v3 in its published layout: transformers' port with the task adapters per request.
+
+The checkpoint names jinaai/xlm-roberta-flash-implementation's code (`XLMRobertaLoRA`) and keeps
+its LoRA task adapters as parametrizations of every linear and embedding layer. The server runs
+transformers' `JinaEmbeddingsV3Model` with the request's task adapter, without the hub code. The
+reference is the port as the builder made it with that task's LoRA merged into its weights by
+the published formula (`tests.builders.jina.merged_model`), the task's instruction before the
+text, mean pooled and normalised as the sentence-transformers modules say.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.builders.jina import INSTRUCTIONS, TASKS, merged_model, reference_model, tiny_jina_v3
+from tests.builders.text import tiny_bert
+
+pytestmark = pytest.mark.integration
+
+SENTENCES = ["a cat sleeps on the mat", "the stock market fell sharply today", "two dogs"]
+
+
+def reference(directory: Path, task: str | None, prefix: str | None = None) -> np.ndarray:
+    """Each sentence alone through the port with `task`'s adapter merged (None: the base weights)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    size, pad = len(tokenizer), int(tokenizer.pad_token_id)
+    model = reference_model(size, pad) if task is None else merged_model(size, pad, TASKS.index(task))
+    prompt = prefix if prefix is not None else INSTRUCTIONS[task] if task else ""
+    rows = []
+    with torch.inference_mode():
+        for sentence in SENTENCES:
+            mean = model(**tokenizer(prompt + sentence, return_tensors="pt")).last_hidden_state[0].mean(dim=0)
+            rows.append((mean / mean.norm()).numpy())
+    return np.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_jina_v3(tmp_path_factory.mktemp("jina") / "jina-embeddings-v3")
+
+
+@pytest.fixture
+def engine_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("INFINITY_ENGINE_CACHE", str(tmp_path / "engines"))
+    return tmp_path / "engines"
+
+
+def entry(directory: Path, **extra: Any) -> dict[str, Any]:
+    return {"name": "jina", "source": str(directory), "backend": "torch", **extra}
+
+
+def vectors(answer: Any) -> np.ndarray:
+    assert answer.status_code == 200, answer.text
+    return np.asarray([row["embedding"] for row in answer.json()["data"]])
+
+
+def embed(client: Any, inputs: list[str], **options: Any) -> np.ndarray:
+    return vectors(client.post("/v1/embeddings", json={"model": "jina", "input": inputs, **options}))
+
+
+@pytest.mark.slow
+def test_each_task_answers_as_its_adapter_merged_into_the_weights(
+    serve: Any, published: Path, engine_cache: Path
+) -> None:
+    """No trust_remote_code: the port runs it; batched equals single; /v1/encode takes the task too."""
+    live = serve({"models": [entry(published)]})
+    with live.client() as client:
+        for task in TASKS:
+            batched = embed(client, SENTENCES, task=task)
+            np.testing.assert_allclose(batched, reference(published, task), atol=1e-4)
+            single = [embed(client, [s], task=task)[0] for s in SENTENCES]
+            np.testing.assert_allclose(single, batched, atol=1e-5)
+        body = {"model": "jina", "input": SENTENCES, "task": "retrieval.passage"}
+        encoded = client.post("/v1/encode", json=body)
+        assert encoded.status_code == 200, encoded.text
+        dense = np.asarray([row["dense"] for row in encoded.json()["data"]])
+        details = {m["id"]: m for m in client.get("/v1/models").json()["data"]}["jina"]["details"]
+    np.testing.assert_allclose(dense, reference(published, "retrieval.passage"), atol=1e-4)
+    assert details["task_adapters"]["tasks"] == list(TASKS)
+    assert "native jina_embeddings_v3 port" in details["code"]
+
+
+def test_requests_of_different_tasks_at_once_each_get_their_own(
+    serve: Any, published: Path, engine_cache: Path
+) -> None:
+    live = serve({"models": [entry(published)]})
+    tasks = ["retrieval.query", "text-matching", "classification"] * 4
+    expected = {task: reference(published, task) for task in set(tasks)}
+    with live.client() as client, ThreadPoolExecutor(len(tasks)) as pool:
+        embed(client, SENTENCES[:1])  # loaded before the burst, so that the requests queue together
+        answers = list(pool.map(lambda task: embed(client, SENTENCES, task=task), tasks))
+    for task, got in zip(tasks, answers, strict=True):
+        np.testing.assert_allclose(got, expected[task], atol=1e-4)
+
+
+def test_roles_and_prompt_names_choose_the_task_and_no_task_runs_the_base(
+    serve: Any, published: Path, engine_cache: Path
+) -> None:
+    """prompt_name "query" and Cohere's input_type pick the adapter and its instruction; a named
+    prompt of the model's own is its text; without a task the base weights run, as the hub code's."""
+    live = serve({"models": [entry(published)]})
+    with live.client() as client:
+        query = embed(client, SENTENCES, prompt_name="query")
+        named = embed(client, SENTENCES, prompt_name="retrieval.query")
+        base = embed(client, SENTENCES)
+        body = {"model": "jina", "texts": SENTENCES, "input_type": "search_document", "embedding_types": ["float"]}
+        cohere = client.post("/v2/embed", json=body)
+    assert cohere.status_code == 200, cohere.text
+    assert np.abs(reference(published, "retrieval.query", "") - reference(published, None)).max() > 0.05
+    np.testing.assert_allclose(query, reference(published, "retrieval.query"), atol=1e-4)
+    np.testing.assert_allclose(named, query, atol=1e-5)
+    np.testing.assert_allclose(base, reference(published, None), atol=1e-4)
+    passage = np.asarray(cohere.json()["embeddings"]["float"])
+    np.testing.assert_allclose(passage, reference(published, "retrieval.passage"), atol=1e-4)
+
+
+def test_the_default_task_is_the_entry_s(serve: Any, published: Path, engine_cache: Path) -> None:
+    live = serve({"models": [entry(published, options={"default_task": "separation"})]})
+    with live.client() as client:
+        got = embed(client, SENTENCES)
+    np.testing.assert_allclose(got, reference(published, "separation"), atol=1e-4)
+
+
+def test_an_unknown_task_or_a_task_on_a_model_without_adapters_is_a_400(
+    serve: Any, published: Path, engine_cache: Path, tmp_path: Path
+) -> None:
+    plain = tiny_bert(tmp_path / "bert")
+    live = serve({"models": [entry(published), {"name": "bert", "source": str(plain), "backend": "torch"}]})
+    with live.client() as client:
+        unknown = client.post("/v1/embeddings", json={"model": "jina", "input": ["a"], "task": "retrieval"})
+        elsewhere = client.post("/v1/embeddings", json={"model": "bert", "input": ["a"], "task": "retrieval.query"})
+        encode = client.post("/v1/encode", json={"model": "bert", "input": ["a"], "task": "separation"})
+        assert client.get("/health").status_code == 200
+    assert unknown.status_code == 400, unknown.text
+    message = unknown.json()["error"]["message"]
+    assert "unknown task 'retrieval'" in message
+    assert all(task in message for task in TASKS)
+    for answer in (elsewhere, encode):
+        assert answer.status_code == 400, answer.text
+        assert "no task adapters" in answer.json()["error"]["message"]
+
+
+def test_a_default_task_the_model_lacks_is_refused_naming_the_tasks(
+    serve: Any, published: Path, engine_cache: Path
+) -> None:
+    live = serve({"models": [entry(published, options={"default_task": "clustering"})]})
+    with live.client() as client:
+        answer = client.post("/v1/embeddings", json={"model": "jina", "input": ["a"]})
+    assert answer.status_code == 503, answer.text
+    assert "default_task 'clustering'" in answer.json()["error"]["message"]
+    assert "text-matching" in answer.json()["error"]["message"]
