@@ -16,8 +16,9 @@ jina-embeddings-v3 as published (`model_type: "xlm-roberta"`, `XLMRobertaLoRA` i
 jinaai/xlm-roberta-flash-implementation's code) keeps each adapted layer's weight as a torch
 parametrization: `<layer>.parametrizations.weight.original` beside the task adapters' stacked
 `<layer>.parametrizations.weight.0.lora_A` and `lora_B`. Its view holds the config in
-`jina_embeddings_v3`'s terms, the base weights under the names that port renames at load, and
-the LoRA factors apart in `lora.safetensors` (`adapters/jina_lora.py` applies them per task).
+`jina_embeddings_v3`'s terms and, written at the first load, the base weights under the names
+that port renames at load and the LoRA factors apart in `lora.safetensors`
+(`adapters/jina_lora.py` applies them per task).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,8 @@ _PARAMETRIZED = ".parametrizations.weight."
 LORA_FILE = "lora.safetensors"
 _WEIGHTS = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
+#: The view's link to the checkpoint's directory, whose weights `jina_weights` splits.
+_SOURCE = ".source"
 
 
 def is_jina_lora(config: dict[str, Any]) -> bool:
@@ -135,7 +138,7 @@ def port_directory(directory: Path, config: dict[str, Any]) -> tuple[Path, dict[
     identity = "\n".join([str(directory.resolve()), text, *(weights if jina else ())])
     view = cache_root(None) / _VIEWS / hashlib.sha256(identity.encode()).hexdigest()[:20]
     if not (view / "config.json").is_file():
-        _write_view(directory, view, text, split_lora if jina else None)
+        _write_view(directory, view, text, jina)
     return view, translated
 
 
@@ -161,15 +164,24 @@ def _weight_files(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.safetensors"))
 
 
-def split_lora(directory: Path, staging: Path) -> None:
-    """The checkpoint's weights as two files in `staging`: the base under plain names
-    (`<layer>.weight` for a parametrized layer) and the LoRA factors under theirs."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    files = _weight_files(directory)
+def jina_weights(view: Path) -> None:
+    """Write the view's two weight files, split from the checkpoint's on first use: the base
+    under plain names (`<layer>.weight` for a parametrized layer) and the LoRA factors under
+    theirs. Reading the whole checkpoint takes seconds, so a load does it, never detection."""
+    if (view / _WEIGHTS).is_file() and (view / LORA_FILE).is_file():
+        return
+    source = (view / _SOURCE).resolve()
+    files = _weight_files(source)
     if not files:
-        raise ModelUnavailable(f"jina-embeddings-v3 layout in {directory} without safetensors weights")
+        raise ModelUnavailable(f"jina-embeddings-v3 layout in {source} without safetensors weights")
+    base, lora = _split(files)
+    for name, tensors in ((LORA_FILE, lora), (_WEIGHTS, base)):  # the base last: it marks the split done
+        _save_whole(tensors, view / name)
+
+
+def _split(files: list[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    from safetensors import safe_open
+
     base, lora = {}, {}
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
@@ -179,24 +191,40 @@ def split_lora(directory: Path, staging: Path) -> None:
                     lora[name] = tensor
                 else:
                     base[name.replace(f"{_PARAMETRIZED}original", ".weight")] = tensor
-    save_file(base, str(staging / _WEIGHTS), metadata={"format": "pt"})
-    save_file(lora, str(staging / LORA_FILE), metadata={"format": "pt"})
+    return base, lora
 
 
-def _write_view(
-    directory: Path, view: Path, config_text: str, weights: Callable[[Path, Path], None] | None = None
-) -> None:
-    """Links to every entry of `directory` but config.json (and, with `weights`, the weight files
-    that writes instead), written whole then renamed into place."""
+def _save_whole(tensors: dict[str, Any], path: Path) -> None:
+    """`tensors` in `path`, written beside it then renamed into place (two loads may race)."""
+    from safetensors.torch import save_file
+
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    os.close(handle)
+    try:
+        save_file(tensors, staging, metadata={"format": "pt"})
+        os.chmod(staging, 0o644)  # as the view's other files, not mkstemp's owner-only mode
+        os.replace(staging, path)
+    except OSError as error:
+        raise ModelUnavailable(
+            f"cannot write {path.name} of jina-embeddings-v3's view in {path.parent}: {error}"
+        ) from error
+    finally:
+        Path(staging).unlink(missing_ok=True)
+
+
+def _write_view(directory: Path, view: Path, config_text: str, split: bool = False) -> None:
+    """Links to every entry of `directory` but config.json, written whole then renamed into place.
+    With `split`, the weight files are left out for `jina_weights` and the directory linked as
+    the view's source."""
     view.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=view.parent, prefix=".staging-"))
-    skipped = {"config.json"} | ({p.name for p in _weight_files(directory)} | {_INDEX} if weights else set())
+    skipped = {"config.json"} | ({p.name for p in _weight_files(directory)} | {_INDEX} if split else set())
     try:
         for entry in directory.iterdir():
             if entry.name not in skipped:
                 (staging / entry.name).symlink_to(entry.resolve())
-        if weights is not None:
-            weights(directory, staging)
+        if split:
+            (staging / _SOURCE).symlink_to(directory.resolve(), target_is_directory=True)
         (staging / "config.json").write_text(config_text, encoding="utf-8")
         os.replace(staging, view)
     except OSError as error:

@@ -32,7 +32,7 @@ from model_registry.backends.base import Engine
 from model_registry.backends.choice import Choice
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, ModelUnavailable
-from model_registry.native_ports import LORA_FILE
+from model_registry.native_ports import LORA_FILE, jina_weights
 from model_registry.types import EmbedItem, Item, Prepared
 
 _SUFFIX = ".parametrizations.weight.0.lora_"
@@ -194,6 +194,7 @@ class JinaLoraAdapter(DenseAdapter):
         return create_engine("torch")
 
     def load(self, options: LoadOptions) -> None:
+        jina_weights(self.layout.transformer_dir)
         super().load(options)
         engine = self.engine
         assert isinstance(engine, backend.TorchEngine), "This is a bug: jina-embeddings-v3 loaded on another engine"

@@ -66,6 +66,20 @@ def embed(client: Any, inputs: list[str], **options: Any) -> np.ndarray:
     return vectors(client.post("/v1/embeddings", json={"model": "jina", "input": inputs, **options}))
 
 
+def test_detection_lays_out_the_port_s_view_without_reading_the_weights(published: Path, engine_cache: Path) -> None:
+    """Listing models detects them on the event loop: the weights are split at the first load only."""
+    from model_registry.config import ModelSpec
+    from model_registry.detect import detect
+
+    layout = detect(published, ModelSpec(name="jina", source=str(published)))
+    assert layout.family == "jina_lora"
+    assert not layout.remote_code
+    assert layout.config["model_type"] == "jina_embeddings_v3"
+    assert layout.config["rope_parameters"]["rope_theta"] == 20000.0
+    assert (layout.transformer_dir / "tokenizer.json").is_file()
+    assert not (layout.transformer_dir / "model.safetensors").exists()
+
+
 @pytest.mark.slow
 def test_each_task_answers_as_its_adapter_merged_into_the_weights(
     serve: Any, published: Path, engine_cache: Path
