@@ -163,6 +163,7 @@ def test_models_shows_the_attention_path(serve: Any, models: dict[str, Path]) ->
     engine = listed["bert"]["details"]["engine"]
     assert engine["attention"] == "padded"
     assert "no variable-length attention kernel" in engine["attention_reason"]
+    assert (engine["precision"], listed["bert"]["dtype"]) == ("float32", "float32")
 
 
 def cosines(left: list[Any], right: list[Any]) -> list[float]:

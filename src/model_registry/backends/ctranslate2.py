@@ -236,6 +236,7 @@ class Ct2Engine(Engine):
             # `ctranslate2/<key>/model`: where the server keeps the cache is for its log, not for clients.
             "artifact": None if self.path is None else str(Path(*self.path.parts[-3:])),
             "compute_type": self.dtype,
+            "precision": self.dtype,
             "lanes": self.lanes,
             "lane_threads": self.lane_threads,
         }

@@ -244,6 +244,7 @@ class TorchEngine(Engine):
     def describe(self) -> dict[str, Any]:
         return {
             "engine": "torch",
+            "precision": self.dtype,
             "decoder": self.decoder,
             "attention": "padded" if self.kernel is None else "padding_free",
             "attention_reason": self.attention_reason,
