@@ -114,8 +114,8 @@ def targets(model: Any, layer: str) -> list[tuple[Any, str, int]]:
     """The port's modules that carry `layer`'s adapter: (parent, attribute, part of B's rows)."""
     if layer in ("embeddings.word_embeddings", "embeddings.token_type_embeddings"):
         return [(model.embeddings, layer.split(".")[1], 0)]
-    if layer == "pooler.dense" and model.pooler is not None:
-        return [(model.pooler, "dense", 0)]
+    if layer == "pooler.dense":  # adapted in the checkpoint; pooled by mean, it is never run here
+        return [(model.pooler, "dense", 0)] if model.pooler is not None else []
     match = _LAYER.fullmatch(layer)
     if match is None or int(match.group(1)) >= len(model.layers):
         raise ModelUnavailable(f"jina-embeddings-v3 checkpoint adapts '{layer}', a layer this server does not know")

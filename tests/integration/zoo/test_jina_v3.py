@@ -171,3 +171,21 @@ def test_a_default_task_the_model_lacks_is_refused_naming_the_tasks(
     assert answer.status_code == 503, answer.text
     assert "default_task 'clustering'" in answer.json()["error"]["message"]
     assert "text-matching" in answer.json()["error"]["message"]
+
+
+def test_a_checkpoint_missing_a_layer_s_adapters_is_refused_naming_it(
+    serve: Any, tmp_path: Path, engine_cache: Path
+) -> None:
+    """Served without them, that layer would run its base weights under every task."""
+    from safetensors.torch import load_file, save_file
+
+    directory = tiny_jina_v3(tmp_path / "jina")
+    weights = load_file(directory / "model.safetensors")
+    kept = {k: v for k, v in weights.items() if not ("layers.1.mlp.fc2" in k and ".lora_" in k)}
+    save_file(kept, directory / "model.safetensors", metadata={"format": "pt"})
+    live = serve({"models": [entry(directory)]})
+    with live.client() as client:
+        answer = client.post("/v1/embeddings", json={"model": "jina", "input": ["a"], "task": "separation"})
+        assert client.get("/health").status_code == 200
+    assert answer.status_code == 503, answer.text
+    assert "without task adapters for layers.1.mlp.fc2" in answer.json()["error"]["message"]
