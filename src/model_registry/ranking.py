@@ -156,7 +156,7 @@ def hybrid_weights(
     default: Mapping[Any, float] | None,
 ) -> dict[Output, float]:
     """Each output's weight: the request's, else the model's default (its entry's `rerank_weights`,
-    else `PUBLISHED_WEIGHTS`); an output the model lacks may only weigh 0."""
+    else `PUBLISHED_WEIGHTS`); an output the model lacks may only weigh 0, and none may weigh less."""
     has = {out for cap, out in _OUTPUT_OF.items() if cap in capabilities}
     if len(has) < 2:
         raise UnsupportedOperation(
@@ -167,10 +167,17 @@ def hybrid_weights(
     weights = {out: float(base.get(out, 0.0)) for out in Output if out in has}
     for key, value in (asked or {}).items():
         out = Output(key)
+        if value is not None and value < 0:
+            raise InvalidInput(f"weights.{key} must be 0 or more, got {value}", param="weights")
         if value is not None and out not in has and value != 0:
             raise UnsupportedOperation(f"the model '{name}' has no {key} output to weigh", param="weights")
         if value is not None and out in has:
             weights[out] = float(value)
+    if not any(weights.values()):  # every score would be 0: no ranking at all
+        given = ", ".join(f"{out.value}: {w:g}" for out, w in weights.items())
+        raise InvalidInput(
+            f"the weights ({given}) are all 0; give at least one output a positive weight", param="weights"
+        )
     return weights
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_registry import UnsupportedOperation
+from model_registry import InvalidInput, UnsupportedOperation
 from model_registry.ranking import PUBLISHED_WEIGHTS, hybrid_weights
 from model_registry.types import Capability, Output
 from tests.builders.zoo import tiny_bge_m3
@@ -130,3 +130,7 @@ def test_an_entry_s_rerank_weights_are_its_defaults_under_the_request_s() -> Non
     assert hybrid_weights(two, "m", {"sparse": 0}, None) == {Output.DENSE: 0.4, Output.MULTIVECTOR: 0.4}
     with pytest.raises(UnsupportedOperation, match="no sparse output"):
         hybrid_weights(two, "m", {"sparse": 1}, None)
+    with pytest.raises(InvalidInput, match=r"weights\.dense must be 0 or more, got -1"):
+        hybrid_weights(every, "m3", {"dense": -1}, None)
+    with pytest.raises(InvalidInput, match=r"\(dense: 0, multivector: 0\) are all 0"):
+        hybrid_weights(two, "m", {"dense": 0, "multivector": 0.0}, None)
