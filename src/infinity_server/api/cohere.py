@@ -1,8 +1,9 @@
 """Cohere's dialect: rerank and embed, versions 1 and 2.
 
 Rerank results carry `document: {text}` only when `return_documents` is true (v1 returned them by
-default, v2 does not); `meta` says how the scores were computed. Embed answers every asked
-embedding type from one engine call; `input_type` picks the model's prompt of that role.
+default, v2 does not) and a hybrid rerank's `parts` on request; `meta` says how the scores were
+computed. Embed answers every asked embedding type from one engine call; `input_type` picks the
+model's prompt of that role.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ async def _rerank(request: Request, body: CohereRerankRequest, version: str) -> 
         truncate=body.truncate,
         instruction=body.instruction,
         max_tokens_per_doc=body.max_tokens_per_doc,
+        weights=body.weights.model_dump() if body.weights is not None else None,
+        return_parts=body.return_parts,
         priority=body.priority,
     )
     return_documents = body.return_documents if body.return_documents is not None else version == "1"
@@ -57,6 +60,8 @@ async def _rerank(request: Request, body: CohereRerankRequest, version: str) -> 
         entry: CohereResult = {"index": r.index, "relevance_score": r.score}
         if return_documents:
             entry["document"] = {"text": r.document}
+        if r.parts is not None:
+            entry["parts"] = dict(r.parts)
         results.append(entry)
     meta = {
         "api_version": {"version": version},

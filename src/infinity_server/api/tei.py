@@ -217,6 +217,8 @@ async def tei_rerank(request: Request, body: TeiRerankRequest) -> list[TeiRank]:
         raw_scores=body.raw_scores,
         truncate=body.truncate,
         truncation_direction=_direction(body),
+        weights=body.weights.model_dump() if body.weights is not None else None,
+        return_parts=body.return_parts,
         priority=body.priority,
     )
     ranks: list[TeiRank] = []
@@ -224,6 +226,8 @@ async def tei_rerank(request: Request, body: TeiRerankRequest) -> list[TeiRank]:
         entry: TeiRank = {"index": r.index, "score": r.score}
         if body.return_text:
             entry["text"] = r.document
+        if r.parts is not None:
+            entry["parts"] = dict(r.parts)
         ranks.append(entry)
     return ranks
 

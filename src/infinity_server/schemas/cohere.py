@@ -8,6 +8,7 @@ from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
 from typing_extensions import NotRequired, TypedDict
 
 from infinity_server.schemas.common import Body, ModelOptions, Priority, at_least
+from infinity_server.schemas.infinity import RerankWeights
 from infinity_server.schemas.responses import Vector
 from model_registry import InvalidInput
 
@@ -24,6 +25,9 @@ class CohereRerankRequest(ModelOptions):
     # Extensions.
     raw_scores: StrictBool = False
     instruction: StrictStr | None = None  # an LLM reranker's instruction for this request
+    # Models with several outputs (BGE-M3) rank by their weighted parts (docs/rerank.md).
+    weights: RerankWeights | None = None
+    return_parts: StrictBool = False
 
     def texts(self) -> list[str]:
         """The documents as strings; anything but a string or `{text: string}` is `InvalidInput`."""
@@ -117,6 +121,8 @@ class CohereResult(TypedDict):
     index: int
     relevance_score: float | None
     document: NotRequired[CohereDocument]
+    #: An extension: a hybrid rerank's score per output, with `return_parts`.
+    parts: NotRequired[dict[str, float]]
 
 
 class CohereRerankResponse(TypedDict):

@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from typing_extensions import NotRequired, TypedDict
 
 from infinity_server.schemas.common import Body, Dimensions, EngineOptions, NonEmpty
+from infinity_server.schemas.infinity import RerankWeights
 from infinity_server.schemas.openai import EmbeddingInput
 from infinity_server.schemas.responses import FloatMatrix, FloatVector
 
@@ -69,6 +70,9 @@ class TeiRerankRequest(TeiOptions):
     texts: list[Any]
     raw_scores: StrictBool = False
     return_text: StrictBool = False
+    # Extension: models with several outputs (BGE-M3) rank by their weighted parts (docs/rerank.md).
+    weights: RerankWeights | None = None
+    return_parts: StrictBool = False
 
 
 class SimilarityInput(Body):
@@ -111,6 +115,8 @@ class TeiRank(TypedDict):
     index: int
     score: float
     text: NotRequired[str]
+    #: An extension: a hybrid rerank's score per output, with `return_parts`.
+    parts: NotRequired[dict[str, float]]
 
 
 class TeiSparseValue(TypedDict):
