@@ -23,10 +23,27 @@ FAMILIES: dict[str, frozenset[str]] = {
     "onnx": frozenset({"dense", "reranker", "classifier", "sparse", "multivector", "multi_output"}),
     "ctranslate2": frozenset({"dense", "reranker", "classifier"}),
 }
-#: Encoder architectures (config.json `model_type`) each converting engine handles.
+#: Architectures (config.json `model_type`) each converting engine handles.
 ARCHITECTURES: dict[str, frozenset[str]] = {
-    "onnx": frozenset({"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet"}),
+    "onnx": frozenset(
+        {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet"}
+        | {"modernbert", "nomic_bert", "qwen3", "gemma3_text"}
+    ),
     "ctranslate2": frozenset({"bert", "xlm-roberta", "roberta", "camembert", "distilbert"}),
+}
+#: Architectures an engine serves for some families only (the others: every family it serves),
+#: as far as the parity tests cover them (tests/engines/families.py). The decoders' and nomic's
+#: exports are embedders: their last hidden state, pooled by the adapter.
+ONLY: dict[tuple[str, str], frozenset[str]] = {
+    ("onnx", "modernbert"): frozenset({"dense", "reranker", "classifier", "multivector"}),
+    ("onnx", "nomic_bert"): frozenset({"dense"}),
+    ("onnx", "qwen3"): frozenset({"dense"}),
+    ("onnx", "gemma3_text"): frozenset({"dense"}),
+}
+#: Architectures an engine cannot run on CUDA, and why: ONNX Runtime runs float16 there, and
+#: Gemma 3's activations overflow it (EmbeddingGemma's model card: float32 or bfloat16 only).
+NOT_ON_CUDA: dict[tuple[str, str], str] = {
+    ("onnx", "gemma3_text"): "Gemma 3's activations overflow float16, the precision it runs on CUDA",
 }
 DTYPES: dict[str, frozenset[str]] = {
     "torch": frozenset({"auto", "float32", "float16", "bfloat16"}),
@@ -68,7 +85,7 @@ def check_static(name: str, backend: str, quantize: str, dtype: str, device: str
         )
 
 
-def check_model(name: str, backend: str, quantize: str, kind: str, config: dict[str, Any]) -> None:
+def check_model(name: str, backend: str, quantize: str, kind: str, config: dict[str, Any], device: str = "cpu") -> None:
     """What the model's own files rule out: its family and architecture on the chosen engine."""
     if backend == "torch":
         return
@@ -83,12 +100,37 @@ def check_model(name: str, backend: str, quantize: str, kind: str, config: dict[
             f"model '{name}': a {kind} model does not run on backend: {backend} "
             f"(it serves {', '.join(sorted(FAMILIES[backend]))}); use backend: torch"
         )
+    fix = _fix(kind, model_type, device, backend, quantize)
     if model_type not in ARCHITECTURES[backend]:
-        fix = "use backend: torch" + ("" if quantize == "none" else " with quantize: none")
         raise ValueError(
             f"model '{name}': architecture '{model_type}' cannot run on backend: {backend} "
             f"(supported: {', '.join(sorted(ARCHITECTURES[backend]))}); {fix}"
         )
+    only = ONLY.get((backend, model_type))
+    if only is not None and kind not in only:
+        raise ValueError(
+            f"model '{name}': backend: {backend} runs '{model_type}' as {', '.join(sorted(only))} only, "
+            f"not as a {kind} model; {fix}"
+        )
+    why = NOT_ON_CUDA.get((backend, model_type))
+    if why is not None and device.startswith("cuda"):
+        raise ValueError(f"model '{name}': '{model_type}' cannot run on backend: {backend} on CUDA ({why}); {fix}")
+
+
+def serves(engine: str, kind: str, model_type: str, device: str = "cpu") -> bool:
+    """Whether `engine` runs a `kind` model of `model_type` on `device` (torch runs every one)."""
+    if engine == "torch":
+        return True
+    only = ONLY.get((engine, model_type), FAMILIES[engine])
+    cuda_ok = not device.startswith("cuda") or (engine, model_type) not in NOT_ON_CUDA
+    return kind in FAMILIES[engine] and kind in only and model_type in ARCHITECTURES[engine] and cuda_ok
+
+
+def _fix(kind: str, model_type: str, device: str, refused: str, quantize: str) -> str:
+    """`use backend: onnx, or backend: torch`: the engines other than `refused` that run this model."""
+    others = [f"backend: {e}" for e in ("onnx", "ctranslate2") if e != refused and serves(e, kind, model_type, device)]
+    torch = "backend: torch" + ("" if quantize == "none" else " with quantize: none")
+    return "use " + ", or ".join([*others, torch])
 
 
 def installed(backend: str) -> bool:
@@ -126,6 +168,16 @@ FASTEST: dict[tuple[str, str], tuple[str, ...]] = {
     # int8 is never chosen for a model, only honoured where `quantize: int8` asks for it.
     ("cpu", "int8"): ("ctranslate2", "onnx"),
     ("cuda", "int8_float16"): ("ctranslate2",),
+}
+#: Architectures measured on their own, with a random model of their smallest published size
+#: (`benchmarks/bench_onnx_families.py`; the figures are in docs/backends.md, "Modern
+#: architectures"): per host and precision, the engines `auto` tries for them in place of
+#: `FASTEST`'s row. A host or precision without a row here runs them on torch.
+FASTEST_FOR: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
+    "modernbert": {},
+    "nomic_bert": {},
+    "qwen3": {},
+    "gemma3_text": {},
 }
 _HOSTS = {
     "cpu/amx": "an AMX CPU",
@@ -197,16 +249,16 @@ def choose(
     dtype: str = "auto",
     host: str | None = None,
 ) -> Choice:
-    """The engine for `backend` (checked), or for `auto` the first engine of `FASTEST` for the
+    """The engine for `backend` (checked), or for `auto` the first engine of `fastest` for the
     host (`host_kind(device)` unless given) that serves the model and is installed, else torch."""
     if backend != "auto":
-        check_model(name, backend, quantize, kind, config)
+        check_model(name, backend, quantize, kind, config, device)
         return Choice(backend, "configured")
     host = host or host_kind(device)
     model_type = str(config.get("model_type", "unknown"))
     precision = precision_of(host, quantize, dtype)
-    listed = FASTEST.get((host, precision), FASTEST.get((host.split("/")[0], precision), ()))
-    serving = [e for e in listed if kind in FAMILIES[e] and model_type in ARCHITECTURES[e] and dtype in DTYPES[e]]
+    listed = fastest(host, precision, model_type)
+    serving = [e for e in listed if serves(e, kind, model_type, host) and dtype in DTYPES[e]]
     where = _HOSTS.get(host, host)
     for engine in serving:
         if available(engine, host):
@@ -216,13 +268,25 @@ def choose(
     if quantize == "int8":
         raise ValueError(
             f"model '{name}': quantize: int8 with backend: auto found no engine for a {kind} '{model_type}' "
-            "model on this device (int8 runs on onnx (CPU) or ctranslate2 (CPU and CUDA), BERT-family "
-            "encoders, each with its extra installed); set quantize: none"
+            "model on this device (int8 runs on onnx (CPU) or ctranslate2 (CPU and CUDA), for the families "
+            "and architectures each serves, with its extra installed); set quantize: none"
         )
     if serving:
         why = missing(serving[0], host)
     elif listed:
         why = f"no engine measured faster serves {kind} '{model_type}' on {where}"
+    elif model_type in FASTEST_FOR:
+        why = f"no engine measured faster than torch for '{model_type}' on {where} in {precision}"
     else:
         why = f"no engine measured faster than torch on {where} in {precision}"
     return Choice("torch", f"auto: torch, {why}")
+
+
+def fastest(host: str, precision: str, model_type: str) -> tuple[str, ...]:
+    """The engines `auto` tries, in order: the architecture's own row where it was measured on its
+    own (`FASTEST_FOR`; none there for a host or precision it lacks), else `FASTEST`'s. int8 keeps
+    `FASTEST`'s row: it is asked for, and torch cannot run it."""
+    own = FASTEST_FOR.get(model_type)
+    if own is not None and not precision.startswith("int8"):
+        return own.get((host, precision), ())
+    return FASTEST.get((host, precision), FASTEST.get((host.split("/")[0], precision), ()))

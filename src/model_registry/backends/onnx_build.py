@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 from model_registry.backends import build_process
 from model_registry.backends.base import EngineOptions, Task
-from model_registry.backends.cache import artifact_key, cached, writable_root
+from model_registry.backends.cache import UnsafeCache, artifact_key, cached, check_artifact, is_complete, writable_root
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,12 @@ OUTPUT: dict[Task, str] = {
 RECIPE = "export-dynamo+ort-optimizer+int8-weight-matmul-per-channel:3"
 #: Weight MatMuls kept in float32 under int8 (empty: all quantized). See docs/backends.md.
 INT8_KEEP_FLOAT: frozenset[str] = frozenset()
+#: A graph whose files exceed this keeps its weights beside it, in `DATA`: protobuf cannot hold a
+#: file over 2 GiB (Qwen3-Embedding-0.6B in float32 is 2.4 GB), and the optimizer's copies add to it.
+LARGE = 1 << 30
+DATA = "model.onnx.data"
+#: Where an int8 build finds the float32 artifact's graph it quantizes (see `float_artifact`).
+FLOAT = "float32"
 _LIBRARIES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime")
 
 
@@ -47,11 +54,36 @@ def artifact_for(directory: Path, options: EngineOptions, fp16: bool) -> Path:
     build_options = {"task": options.task, "quantize": options.quantize, "fp16": fp16, "recipe": RECIPE}
     key = artifact_key(directory, versions(), build_options)
     root = writable_root(options.cache_dir)
+    meta: dict[str, Any] = {"source": str(directory), **build_options, **versions()}
 
     def build(staging: Path) -> None:
+        base = float_artifact(root, directory, options) if options.quantize == "int8" else None
+        if base is not None:
+            _copy_graph(base, staging / FLOAT)
+            meta["quantized_from"] = base.name  # the manifest is written after the build, with this
         build_artifact(directory, options, fp16, staging)
 
-    return cached(root, "onnx", key, build, meta={"source": str(directory), **build_options, **versions()})
+    return cached(root, "onnx", key, build, meta=meta)
+
+
+def float_artifact(root: Path, directory: Path, options: EngineOptions) -> Path | None:
+    """The float32 artifact of the same model and task where one is built and sound: its graph is
+    the export and optimization that int8 quantizes, so int8 starts from it instead of exporting
+    again (an export of Qwen3-Embedding-0.6B takes minutes)."""
+    build_options = {"task": options.task, "quantize": "none", "fp16": False, "recipe": RECIPE}
+    artifact = root / "onnx" / artifact_key(directory, versions(), build_options)
+    try:
+        check_artifact(artifact)
+    except (OSError, UnsafeCache):
+        return None
+    return artifact if is_complete(artifact) else None
+
+
+def _copy_graph(artifact: Path, target: Path) -> None:
+    target.mkdir()
+    for name in ("model.onnx", DATA):
+        if (artifact / name).is_file():
+            shutil.copyfile(artifact / name, target / name)
 
 
 def build_artifact(directory: Path, options: EngineOptions, fp16: bool, staging: Path) -> None:
@@ -68,49 +100,89 @@ def build_artifact(directory: Path, options: EngineOptions, fp16: bool, staging:
 
 
 def build_here(directory: str, staging: str, task: Task, quantize: str, fp16: bool, trust_remote_code: bool) -> None:
-    """Export (or copy the directory's own graph), optimize, then quantize, into `staging`."""
-    from model_registry.backends.onnx_export import export
-
+    """Export (or copy the directory's own graph), optimize, then quantize, into `staging`; int8
+    quantizes the float32 artifact's graph where `artifact_for` put one in `staging/FLOAT`."""
     source, target = Path(directory), Path(staging)
-    exported = target / "exported.onnx"
-    own = source / "onnx" / "model.onnx"
+    final = target / "model.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporters' deprecation chatter is not the user's concern
-        if own.is_file():
-            import shutil
-
-            shutil.copyfile(own, exported)
+        base = target / FLOAT / "model.onnx"
+        if quantize == "int8" and base.is_file():
+            log.info("quantizing %s to int8 from its float32 artifact", source)
+            quantize_int8(base, final, large=_size(base.parent) > LARGE)
         else:
-            export(source, task, exported, trust_remote_code=trust_remote_code)
-        optimized = optimize(exported, target / "optimized.onnx", fp16)
-        if quantize == "int8":
-            log.info("quantizing %s to int8 (dynamic, per channel, weight MatMuls)", source)
-            quantize_int8(optimized, target / "model.onnx")
-        else:
-            optimized.rename(target / "model.onnx")
-    for leftover in target.glob("*.onnx"):
-        if leftover.name != "model.onnx":
-            leftover.unlink()
+            exported = _exported(source, target, task, trust_remote_code)
+            large = _size(target) > LARGE
+            if quantize == "int8":
+                log.info("quantizing %s to int8 (dynamic, per channel, weight MatMuls)", source)
+                quantize_int8(optimize(exported, target / "optimized.onnx", fp16, large), final, large=large)
+            else:
+                optimize(exported, final, fp16, large)
+    for leftover in target.iterdir():
+        if leftover.name not in (final.name, DATA):
+            if leftover.is_dir():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
 
 
-def optimize(source: Path, target: Path, fp16: bool) -> Path:
+def _exported(source: Path, target: Path, task: Task, trust_remote_code: bool) -> Path:
+    """The model's graph in `target`: the directory's own `onnx/model.onnx`, else an export."""
+    from model_registry.backends.onnx_export import export
+
+    exported = target / "exported.onnx"
+    own = source / "onnx" / "model.onnx"
+    if own.is_file():
+        shutil.copyfile(own, exported)
+    else:
+        export(source, task, exported, trust_remote_code=trust_remote_code)
+    return exported
+
+
+def _size(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+
+
+def optimize(source: Path, target: Path, fp16: bool, large: bool = False) -> Path:
     """onnxruntime's transformer fusions (LayerNorm, GELU, attention where the graph matches),
-    then float16 for CUDA. A graph the optimizer cannot take is used as exported."""
+    then float16 for CUDA, written to `target`. A graph the optimizer cannot take is written as
+    exported, in float16 all the same where asked. `large`: the weights go to a file of their own
+    beside the graph (`<target>.data`)."""
+    model = _fused(source)
+    if model is None:
+        import onnx
+        from onnxruntime.transformers.onnx_model import OnnxModel
+
+        model = OnnxModel(onnx.load(str(source)))
+    if fp16:
+        model.convert_float_to_float16(keep_io_types=True)
+    model.save_model_to_file(str(target), use_external_data_format=large)
+    return target
+
+
+def _fused(source: Path) -> Any:
+    """The graph with onnxruntime's fusions for BERT-like encoders, or None where they fail. A
+    layer norm without a bias (ModernBERT's) breaks the SkipLayerNormalization fusion, so a
+    failure is retried without that one."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    try:
-        model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0, opt_level=1)
+    failure: Exception | None = None
+    for skip_layer_norm in (True, False):
+        options = FusionOptions("bert")
+        options.enable_skip_layer_norm = skip_layer_norm
+        try:
+            model = optimize_model(
+                str(source), model_type="bert", num_heads=0, hidden_size=0, opt_level=1, optimization_options=options
+            )
+        except Exception as error:
+            failure = failure or error
+            continue
         fused = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
         log.info("onnxruntime transformer fusions: %s", fused or "none matched")
-        if fp16:
-            model.convert_float_to_float16(keep_io_types=True)
-        model.save_model_to_file(str(target))
-        return target
-    except Exception as error:
-        log.warning("onnxruntime's transformer optimizer failed (%s); using the exported graph", error)
-        if fp16:
-            raise
-        return source
+        return model
+    log.warning("onnxruntime's transformer optimizer failed (%s); using the exported graph", failure)
+    return None
 
 
 def weight_matmuls(path: Path) -> list[Any]:
@@ -123,7 +195,9 @@ def weight_matmuls(path: Path) -> list[Any]:
     return [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights]
 
 
-def quantize_int8(source: Path, target: Path, keep_float: frozenset[str] = INT8_KEEP_FLOAT) -> None:
+def quantize_int8(
+    source: Path, target: Path, keep_float: frozenset[str] = INT8_KEEP_FLOAT, *, large: bool = False
+) -> None:
     """Dynamic int8 of the weight MatMuls; `keep_float` names roles to keep in float32
     ('last': the last weight MatMul of the graph, 'ffn_out': MatMuls fed by an activation)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -142,4 +216,5 @@ def quantize_int8(source: Path, target: Path, keep_float: frozenset[str] = INT8_
         reduce_range=False,
         nodes_to_quantize=[n.name for n in nodes if n.name not in keep],
         extra_options={"MatMulConstBOnly": True},
+        use_external_data_format=large,
     )
