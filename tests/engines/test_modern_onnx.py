@@ -234,7 +234,8 @@ def test_gemma_3_is_refused_on_onnx_on_cuda_naming_torch(models: Built) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "architecture"), [("reranker", "qwen3"), ("classifier", "gemma3_text"), ("sparse", "modernbert")]
+    ("kind", "architecture"),
+    [("reranker", "qwen3"), ("classifier", "gemma3_text"), ("classifier", "modernbert"), ("sparse", "modernbert")],
 )
 def test_a_family_the_export_does_not_serve_is_refused_naming_torch(kind: str, architecture: str) -> None:
     config = {"model_type": architecture, "architectures": ["ForSequenceClassification"]}
@@ -242,3 +243,43 @@ def test_a_family_the_export_does_not_serve_is_refused_naming_torch(kind: str, a
         choose("m", "onnx", "none", kind, config, "cpu")
     assert str(caught.value).endswith("use backend: torch")
     assert choose("m", "auto", "none", kind, config, "cpu", host="cpu/avx2").backend == "torch"
+
+
+# ---- what `auto` takes: docs/backends.md, "Per architecture" ------------------------------------
+
+AVX2 = "an AVX2 CPU"
+#: host, kind, architecture, quantize -> engine and a part of the reason.
+AUTO = [
+    (
+        "cpu/avx2",
+        "dense",
+        "modernbert",
+        "none",
+        "torch",
+        f"no engine measured faster than torch for 'modernbert' on {AVX2}",
+    ),
+    ("cpu/avx2", "dense", "qwen3", "none", "torch", f"measured faster than torch for 'qwen3' on {AVX2} in fp32"),
+    ("cpu/avx512_vnni", "dense", "nomic_bert", "none", "torch", "engines not measured for 'nomic_bert' on an AVX-512"),
+    ("cuda", "dense", "gemma3_text", "none", "torch", "engines not measured for 'gemma3_text' on CUDA in float16"),
+    ("cpu/avx2", "dense", "gemma3_text", "int8", "onnx", f"for dense 'gemma3_text' on {AVX2} in int8"),
+    ("cpu/amx", "multivector", "modernbert", "int8", "onnx", "for multivector 'modernbert' on an AMX CPU in int8"),
+]
+
+
+@pytest.mark.parametrize(("host", "kind", "architecture", "quantize", "engine", "reason"), AUTO)
+def test_auto_chooses_each_architecture_by_its_own_figures(
+    monkeypatch: pytest.MonkeyPatch, host: str, kind: str, architecture: str, quantize: str, engine: str, reason: str
+) -> None:
+    from model_registry.backends import choice
+
+    monkeypatch.setattr(choice, "installed", lambda backend: True)
+    monkeypatch.setattr(choice, "onnx_runs_on_cuda", lambda: True)
+    device = "cuda" if host == "cuda" else "cpu"
+    chosen = choose("m", "auto", quantize, kind, {"model_type": architecture}, device, host=host)
+    assert (chosen.backend, chosen.reason.startswith(f"auto: {engine}, ")) == (engine, True)
+    assert reason in chosen.reason, chosen.reason
+
+
+def test_int8_on_a_decoder_reranker_with_auto_is_refused() -> None:
+    with pytest.raises(ValueError, match="found no engine for a reranker 'qwen3' model"):
+        choose("m", "auto", "int8", "reranker", {"model_type": "qwen3"}, "cpu", host="cpu/avx2")
