@@ -140,6 +140,7 @@ def test_the_export_is_cached_and_keyed_by_options(models: Built, cache: Path, a
     assert (manifest["meta"]["quantize"], manifest["meta"]["source"]) == ("int8", str(directory))
 
 
+@pytest.mark.slow
 def test_a_corrupt_export_is_rebuilt(models: Built, cache: Path) -> None:
     """The rebuild is the engine's, whatever the family: one architecture shows it, the quickest
     to export (each rebuild is an export)."""
@@ -203,6 +204,28 @@ def test_each_family_on_onnx_serves_transformers_vectors_over_http(serve: Any, m
         engines = {m["id"]: m["details"]["engine"] for m in client.get("/v1/models").json()["data"]}
         assert client.get("/health").status_code == 200
     assert {family: engine["backend"] for family, engine in engines.items()} == dict.fromkeys(SERVED, "onnx")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "family", ["gte-modernbert", "modernbert-reranker", "modern-colbert", "nomic", "qwen3-embedding"]
+)
+def test_on_cuda_in_float16_each_family_matches_torch(models: Built, tmp_path: Path, family: str) -> None:
+    """The float16 path BERT takes on CUDA, against torch in float32 on the CPU, batched and one by
+    one, within 2e-2 of the output's scale (as tests/engines/test_gpu.py does for the BERT family)."""
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime has no CUDA provider here (install the onnx-gpu extra on a GPU machine)")
+    _, kind, items, _ = MODERN[family]
+    reference = run(load(models[family], "torch", tmp_path, kind=kind, device="cpu"), items())
+    adapter = load(models[family], "onnx", tmp_path, kind=kind, device="cuda", dtype="float16")
+    batched = run(adapter, items())
+    single = [run(adapter, [item])[0] for item in items()]
+    for left, right in ((batched, reference), (single, batched)):
+        for a, b in zip(left, right, strict=True):
+            for x, y in zip(arrays(a), arrays(b), strict=True):
+                assert np.abs(x - y).max() <= 2e-2 * max(1.0, float(np.abs(y).max())), family
+    adapter.unload()
 
 
 # ---- what the engine does not run --------------------------------------------------------------
