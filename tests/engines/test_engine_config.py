@@ -472,3 +472,26 @@ def test_auto_is_sized_in_the_device_s_default_precision_before_it_loads(
     assert estimate("auto") == estimate("torch") == estimate("onnx")  # float32 on a CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert estimate("auto") == estimate("torch") < estimate("onnx")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "bf16", "expected"),
+    [
+        ("bert", True, "float16"),
+        ("qwen3", False, "float16"),
+        ("gemma3_text", True, "bfloat16"),  # EmbeddingGemma overflows float16
+        ("gemma2", True, "bfloat16"),
+        ("gemma3_text", False, "float32"),  # a GPU without bfloat16
+    ],
+)
+def test_auto_precision_on_cuda_avoids_float16_for_families_that_overflow_it(
+    monkeypatch: pytest.MonkeyPatch, model_type: str, bf16: bool, expected: str
+) -> None:
+    import torch
+
+    from model_registry.backends.torch import resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
+    assert resolve_dtype("auto", "cuda:0", model_type) == getattr(torch, expected)
+    assert resolve_dtype("auto", "cpu", model_type) == torch.float32
+    assert resolve_dtype("float16", "cuda:0", model_type) == torch.float16  # asked for: as asked

@@ -238,7 +238,8 @@ class TextEncoder(Adapter):
         # `auto` runs in the device's default precision whichever engine it takes.
         dtype = torch.float32
         if options.backend in ("torch", "auto"):
-            dtype = backend.resolve_dtype(options.dtype, backend.resolve_device(options.device))
+            device = backend.resolve_device(options.device)
+            dtype = backend.resolve_dtype(options.dtype, device, getattr(config, "model_type", None))
         working = backend.activation_estimate(config, options.max_batch_tokens, self.layout.max_length, dtype)
         return weight_bytes(self.layout.root) + working
 

@@ -35,10 +35,20 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def resolve_dtype(requested: str, device: str) -> torch.dtype:
-    """'auto' is float16 on CUDA and float32 elsewhere (half precision is slow on CPUs)."""
+#: Families whose activations overflow float16 (EmbeddingGemma's model card: float32 or bfloat16
+#: only): `auto` runs them in bfloat16 on CUDA, or float32 where the GPU has no bfloat16.
+NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text"})
+
+
+def resolve_dtype(requested: str, device: str, model_type: str | None = None) -> torch.dtype:
+    """'auto' is float16 on CUDA (bfloat16 for `NO_FLOAT16` families) and float32 elsewhere
+    (half precision is slow on CPUs)."""
     if requested == "auto":
-        return torch.float16 if device.startswith("cuda") else torch.float32
+        if not device.startswith("cuda"):
+            return torch.float32
+        if model_type not in NO_FLOAT16:
+            return torch.float16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if requested not in _DTYPES:
         raise ModelUnavailable(f"dtype '{requested}' is not supported by the torch backend; use {sorted(_DTYPES)}")
     return _DTYPES[requested]
@@ -174,7 +184,10 @@ class TorchEngine(Engine):
                 "use backend: onnx or backend: ctranslate2 for int8"
             )
         self.device = resolve_device(options.device)
-        self.torch_dtype = resolve_dtype(options.dtype, self.device)
+        model_type = transformers.AutoConfig.from_pretrained(
+            str(directory), trust_remote_code=options.trust_remote_code
+        ).model_type
+        self.torch_dtype = resolve_dtype(options.dtype, self.device, model_type)
         self.dtype = str(self.torch_dtype).removeprefix("torch.")
         configure_threads(options.threads)
         self.task = options.task
