@@ -37,7 +37,7 @@ def resolve_device(requested: str) -> str:
 
 #: Families whose activations overflow float16 (EmbeddingGemma's model card: float32 or bfloat16
 #: only): `auto` runs them in bfloat16 on CUDA, or float32 where the GPU has no bfloat16.
-NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text"})
+NO_FLOAT16 = frozenset({"gemma3", "gemma3_text"})
 
 
 def resolve_dtype(requested: str, device: str, model_type: str | None = None) -> torch.dtype:
