@@ -64,11 +64,7 @@ def memory_device_of(spec: ModelSpec) -> str:
 def batch_tokens(spec: ModelSpec, device: str) -> int:
     """The largest batch a model on `device` (its memory device) runs: its own
     `max_batch_tokens`, the largest budget "auto" tries, or the device's default."""
-    if isinstance(spec.max_batch_tokens, int):
-        return spec.max_batch_tokens
-    if measured(spec):
-        return max(budget_candidates(device))
-    return default_batch_tokens(device)
+    return max(budget_candidates(device)) if measured(spec) else fixed_budget(spec, device).tokens
 
 
 def default_batch_tokens(device: str) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -75,7 +76,7 @@ def timed_warm_up(adapter: Adapter, spec: ModelSpec, device: str, max_seconds: f
             if budget is not None:
                 return budget
         fixed = fixed_budget(spec, device)
-        return fixed_budget(spec, device, measure_rate(adapter, fixed.tokens))
+        return dataclasses.replace(fixed, rate=measure_rate(adapter, fixed.tokens))
 
 
 class Lifecycle:
