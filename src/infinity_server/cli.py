@@ -79,14 +79,15 @@ async def _serve(args: argparse.Namespace) -> None:
 def _models(args: argparse.Namespace) -> None:
     """One line per configured model (`catalogue=` the record its source matched), or per record."""
     from infinity_server.settings import load_settings
-    from model_registry.catalogue import RECORDS, match
+    from model_registry.backends.choice import catalogue_listing
+    from model_registry.catalogue import match
     from model_registry.types import Kind
 
     if args.catalogue:
-        for known in RECORDS.values():
-            facts = {k: v for k, v in known.as_dict().items() if k not in ("id", "kind", "keys", "note")}
+        for known in catalogue_listing():
+            facts = {k: v for k, v in known.items() if k not in ("id", "kind", "keys", "note")}
             shown = "\t".join(f"{key}={value}" for key, value in facts.items())
-            print(f"{known.id}\tkind={known.kind}" + (f"\t{shown}" if shown else ""))
+            print(f"{known['id']}\tkind={known['kind']}" + (f"\t{shown}" if shown else ""))
         return
     settings = load_settings(args.config)
     for spec in settings.registry.models:

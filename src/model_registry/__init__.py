@@ -5,7 +5,7 @@ async with Registry.from_config("models.yaml") as registry:
 """
 
 from model_registry.admission import OutputLimit
-from model_registry.catalogue import RECORDS as CATALOGUE
+from model_registry.backends.choice import catalogue_listing
 from model_registry.classify import Classification
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import (
@@ -45,7 +45,6 @@ from model_registry.types import (
 )
 
 __all__ = [
-    "CATALOGUE",
     "BatchFailed",
     "Cancelled",
     "Capability",
@@ -82,6 +81,7 @@ __all__ = [
     "Token",
     "UnknownModel",
     "UnsupportedOperation",
+    "catalogue_listing",
     "load_config",
     "registry_config",
     "sentences",

@@ -6,8 +6,9 @@ carry are applied (an LLM reranker's kind and prompt record); the other facts (p
 lengths) are read from the model's own files when it loads and are listed here so that
 `infinity-server models --catalogue` and `GET /v1/catalogue` tell what to expect.
 
-`fastest` maps a device kind to the engine and precision measured fastest there; it is empty
-where no measurement was made.
+`architecture` is the `model_type` the server runs the model as (a native port's, where one
+serves it); `backends.choice.fastest_by_device` joins it with the engines measured fastest per
+device, for the listings.
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ class Record:
     document_length: int | None = None
     #: Code outside transformers' releases the checkpoint names (`trust_remote_code` needed).
     remote_code: bool = False
-    fastest: Mapping[str, str] = field(default_factory=dict)
+    architecture: str = ""
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["keys"], data["prompts"], data["fastest"] = dict(self.keys), dict(self.prompts), dict(self.fastest)
+        data["keys"], data["prompts"] = dict(self.keys), dict(self.prompts)
         return {key: value for key, value in data.items() if value not in (None, "", {}, False)}
 
 
@@ -69,11 +70,12 @@ def _qwen3_embedding(size: str) -> Record:
         pooling="lasttoken",
         max_length=32768,
         prompts={"query": _QWEN3_QUERY},
+        architecture="qwen3",
         note="decoder embedder: last token, left padding; the query prompt carries the task instruction",
     )
 
 
-def _llm_reranker(model_id: str, template: str, true: str, false: str | None, note: str) -> Record:
+def _llm_reranker(model_id: str, architecture: str, template: str, true: str, false: str | None, note: str) -> Record:
     return Record(
         model_id,
         "reranker",
@@ -81,6 +83,7 @@ def _llm_reranker(model_id: str, template: str, true: str, false: str | None, no
         template=template,
         true_token=true,
         false_token=false,
+        architecture=architecture,
         note=note,
     )
 
@@ -89,11 +92,12 @@ _QWEN3_RERANK = "causal LM scored by p(yes) over the 'yes'/'no' logits after the
 _RECORDS: tuple[Record, ...] = (
     *(_qwen3_embedding(size) for size in ("0.6B", "4B", "8B")),
     *(
-        _llm_reranker(f"Qwen/Qwen3-Reranker-{size}", "qwen3-reranker", "yes", "no", _QWEN3_RERANK)
+        _llm_reranker(f"Qwen/Qwen3-Reranker-{size}", "qwen3", "qwen3-reranker", "yes", "no", _QWEN3_RERANK)
         for size in ("0.6B", "4B", "8B")
     ),
     _llm_reranker(
         "BAAI/bge-reranker-v2-gemma",
+        "gemma",
         "bge-reranker-v2-gemma",
         "Yes",
         None,
@@ -101,7 +105,12 @@ _RECORDS: tuple[Record, ...] = (
     ),
     *(
         _llm_reranker(
-            f"mixedbread-ai/mxbai-rerank-{size}-v2", "mxbai-rerank-v2", "1", "0", "qwen2 causal LM scored by '1'/'0'"
+            f"mixedbread-ai/mxbai-rerank-{size}-v2",
+            "qwen2",
+            "mxbai-rerank-v2",
+            "1",
+            "0",
+            "qwen2 causal LM scored by '1'/'0'",
         )
         for size in ("base", "large")
     ),
@@ -110,9 +119,16 @@ _RECORDS: tuple[Record, ...] = (
         "multi_output",
         {"kind": "multi_output"},
         max_length=8192,
+        architecture="xlm-roberta",
         note="dense, sparse and ColBERT outputs from one forward pass (FlagEmbedding layout)",
     ),
-    Record("BAAI/bge-reranker-v2-m3", "reranker", {"kind": "reranker"}, note="XLM-R cross-encoder, one label"),
+    Record(
+        "BAAI/bge-reranker-v2-m3",
+        "reranker",
+        {"kind": "reranker"},
+        architecture="xlm-roberta",
+        note="XLM-R cross-encoder, one label",
+    ),
     Record(
         "google/embeddinggemma-300m",
         "dense",
@@ -120,6 +136,7 @@ _RECORDS: tuple[Record, ...] = (
         pooling="mean",
         max_length=2048,
         prompts=_GEMMA_PROMPTS,
+        architecture="gemma3_text",
         note="bidirectional gemma3_text; two Dense layers after mean pooling",
     ),
     Record(
@@ -128,6 +145,7 @@ _RECORDS: tuple[Record, ...] = (
         {"kind": "dense"},
         pooling="cls",
         max_length=8192,
+        architecture="modernbert",
         note="ModernBERT, CLS pooling",
     ),
     Record(
@@ -137,6 +155,7 @@ _RECORDS: tuple[Record, ...] = (
         pooling="mean",
         max_length=8192,
         prompts=_MODERNBERT_PROMPTS,
+        architecture="modernbert",
         note="ModernBERT, mean pooling, search_query/search_document prefixes",
     ),
     Record(
@@ -146,6 +165,7 @@ _RECORDS: tuple[Record, ...] = (
         pooling="mean",
         max_length=8192,
         prompts=_NOMIC_PROMPTS,
+        architecture="nomic_bert",
         note="served by transformers' native nomic_bert port: no remote code needed",
     ),
     Record(
@@ -154,6 +174,7 @@ _RECORDS: tuple[Record, ...] = (
         {"kind": "dense"},
         pooling="cls",
         max_length=8192,
+        architecture="gte",
         note="new-impl layout (model_type 'new') served by transformers' native gte port: no remote code needed",
     ),
     Record(
@@ -163,6 +184,7 @@ _RECORDS: tuple[Record, ...] = (
         pooling="mean",
         max_length=8192,
         prompts={"retrieval.query": _JINA_QUERY, "retrieval.passage": _JINA_PASSAGE},
+        architecture="jina_embeddings_v3",
         note="XLM-R with LoRA task adapters (XLMRobertaLoRA) served by transformers' native jina_embeddings_v3 "
         "port, no remote code needed; `task` per request (retrieval.query, retrieval.passage, separation, "
         "classification, text-matching), `options.default_task` for requests that name none",
@@ -173,19 +195,28 @@ _RECORDS: tuple[Record, ...] = (
         {"kind": "multivector"},
         query_length=32,
         document_length=300,
+        architecture="modernbert",
         note="PyLate layout: [Q]/[D] prefixes, query expansion, Dense 768->128",
     ),
     Record(
         "answerdotai/answerai-colbert-small-v1",
         "multivector",
         {"kind": "multivector"},
+        architecture="bert",
         note="PyLate layout on a BERT encoder; lengths from its configuration",
     ),
-    Record("google/siglip2-base-patch16-224", "image_text", {"kind": "image_text"}, note="SigLIP 2, fixed resolution"),
+    Record(
+        "google/siglip2-base-patch16-224",
+        "image_text",
+        {"kind": "image_text"},
+        architecture="siglip",
+        note="SigLIP 2, fixed resolution",
+    ),
     Record(
         "google/siglip2-base-patch16-naflex",
         "image_text",
         {"kind": "image_text"},
+        architecture="siglip2",
         note="SigLIP 2 NaFlex: variable-aspect patches up to max_num_patches",
     ),
     Record(
@@ -194,6 +225,7 @@ _RECORDS: tuple[Record, ...] = (
         {"kind": "dense"},
         pooling="mean",
         max_length=256,
+        architecture="bert",
         note="BERT, mean pooling, normalized",
     ),
 )

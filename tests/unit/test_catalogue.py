@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from infinity_server.cli import main
+from model_registry.backends import choice
+from model_registry.backends.choice import catalogue_listing
 from model_registry.catalogue import RECORDS, match, with_record
 from model_registry.config import ModelSpec
 from model_registry.llm_rerank import RECORDS as PROMPTS
@@ -95,3 +97,50 @@ def test_the_zoo_page_lists_every_record() -> None:
     page = (Path(__file__).parents[2] / "docs" / "text-zoo.md").read_text(encoding="utf-8")
     missing = [model_id for model_id in RECORDS if f"`{model_id}`" not in page]
     assert not missing, f"docs/text-zoo.md lacks the catalogue records {missing}"
+
+
+#: Written from the engine tables of docs/backends.md ("How to pick", "Per architecture"): BERT
+#: takes CTranslate2 on AVX2/AVX-512 CPUs, torch on AMX, ONNX Runtime float16 on CUDA; ModernBERT
+#: was measured on an AVX2 CPU only, torch fastest there; an LLM reranker runs on torch only.
+EXPECTED_FASTEST = {
+    "sentence-transformers/all-MiniLM-L6-v2": {
+        "cpu/avx2": "ctranslate2 fp32",
+        "cpu/avx512_vnni": "ctranslate2 fp32",
+        "cpu/amx": "torch fp32",
+        "cuda": "onnx float16",
+    },
+    "Alibaba-NLP/gte-modernbert-base": {"cpu/avx2": "torch fp32"},
+    "Qwen/Qwen3-Reranker-0.6B": {"cpu/avx2": "torch fp32"},
+    "BAAI/bge-reranker-v2-gemma": {
+        "cpu/avx2": "torch fp32",
+        "cpu/avx512_vnni": "torch fp32",
+        "cpu/amx": "torch fp32",
+        "cuda": "torch float16",
+    },
+    "BAAI/bge-m3": {
+        "cpu/avx2": "torch fp32",
+        "cpu/avx512_vnni": "onnx fp32",
+        "cpu/amx": "torch fp32",
+        "cuda": "onnx float16",
+    },
+}
+
+
+@pytest.mark.parametrize("model_id", sorted(EXPECTED_FASTEST))
+def test_the_listing_gives_each_record_its_engine_per_device(model_id: str) -> None:
+    listed = {record["id"]: record for record in catalogue_listing()}
+    assert listed[model_id]["fastest"] == EXPECTED_FASTEST[model_id]
+
+
+@pytest.mark.parametrize("host", ["cpu/avx2", "cpu/avx512_vnni", "cpu/amx", "cuda"])
+def test_a_records_fastest_is_what_auto_takes_with_every_engine_installed(
+    host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(choice, "available", lambda engine, where: True)
+    device = "cuda" if host == "cuda" else "cpu"
+    for record in catalogue_listing():
+        if host not in record["fastest"] or record.get("template"):
+            continue
+        config = {"model_type": record["architecture"]}
+        picked = choice.choose("m", "auto", "none", record["kind"], config, device, host=host)
+        assert record["fastest"][host].split()[0] == picked.backend, record["id"]

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from typing_extensions import NotRequired, TypedDict
 
 from infinity_server.routing import PLAIN_ERRORS, get
-from model_registry import CATALOGUE
+from model_registry import catalogue_listing
 
 
 class CatalogueRecord(TypedDict):
@@ -30,7 +30,10 @@ class CatalogueRecord(TypedDict):
     query_length: NotRequired[int]
     document_length: NotRequired[int]
     remote_code: NotRequired[bool]
-    fastest: NotRequired[dict[str, str]]
+    #: The `model_type` the server runs it as.
+    architecture: str
+    #: Device kind -> the engine and precision `backend: auto` takes there.
+    fastest: dict[str, str]
     note: NotRequired[str]
 
 
@@ -41,7 +44,7 @@ class CatalogueList(TypedDict):
 
 async def catalogue(request: Request) -> CatalogueList:
     # `as_dict` keeps the fields a record sets, named as above.
-    records = [cast(CatalogueRecord, record.as_dict()) for record in CATALOGUE.values()]
+    records = [cast(CatalogueRecord, record) for record in catalogue_listing()]
     return {"object": "list", "data": records}
 
 

@@ -300,3 +300,34 @@ def fastest(host: str, precision: str, model_type: str) -> tuple[str, ...]:
     if own is not None and not precision.startswith("int8"):
         return own.get((host, precision), ())
     return FASTEST.get((host, precision), FASTEST.get((host.split("/")[0], precision), ()))
+
+
+#: The device kinds the engine tables were measured on, each in the precision `auto` runs there.
+MEASURED_HOSTS = {"cpu/avx2": "fp32", "cpu/avx512_vnni": "fp32", "cpu/amx": "fp32", "cuda": "float16"}
+
+
+def fastest_by_device(kind: str, model_type: str, *, llm_reranker: bool = False) -> dict[str, str]:
+    """Per device kind, the engine and precision `auto` takes for a `kind` model of `model_type`
+    with every engine installed (`{"cpu/avx2": "ctranslate2 fp32"}`); device kinds where the
+    architecture has no figures of its own (`FASTEST_FOR`) while others have are left out. LLM
+    rerankers run on torch only (`check_model`)."""
+    own = FASTEST_FOR.get(model_type)
+    chosen = {}
+    for host, precision in MEASURED_HOSTS.items():
+        if own is not None and (host, precision) not in own:
+            continue
+        listed = () if llm_reranker else fastest(host, precision, model_type)
+        served = (e for e in listed if serves(e, kind, model_type, host))
+        chosen[host] = f"{next(served, 'torch')} {precision}"
+    return chosen
+
+
+def catalogue_listing() -> list[dict[str, Any]]:
+    """The catalogue's records as listed (`GET /v1/catalogue`, `infinity-server models
+    --catalogue`), each with `fastest`: its engine per device kind."""
+    from model_registry.catalogue import RECORDS
+
+    return [
+        {**r.as_dict(), "fastest": fastest_by_device(r.kind, r.architecture, llm_reranker=r.template is not None)}
+        for r in RECORDS.values()
+    ]

@@ -89,6 +89,7 @@ def test_a_published_id_is_detected_as_its_record_says(hub: Callable[[str, Build
     spec = ModelSpec(name="m", source=model_id)
     layout = detect(resolve_source(spec.source), spec)
     assert layout.kind.value == RECORDS[model_id].kind
+    assert layout.config["model_type"] == RECORDS[model_id].architecture
     assert layout.notes["catalogue"] == model_id
 
 
@@ -164,6 +165,7 @@ def test_the_catalogue_route_lists_every_record(serve: Any) -> None:
     assert set(listed) == set(RECORDS)
     assert listed["Qwen/Qwen3-Reranker-0.6B"]["template"] == "qwen3-reranker"
     assert listed["lightonai/GTE-ModernColBERT-v1"]["document_length"] == 300
+    assert listed["sentence-transformers/all-MiniLM-L6-v2"]["fastest"]["cuda"] == "onnx float16"
 
 
 def test_nomic_by_its_id_runs_transformers_native_port_and_says_so(
