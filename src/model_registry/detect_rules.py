@@ -32,7 +32,7 @@ from model_registry.detect_zoo import (
     untrusted_code,
 )
 from model_registry.errors import ModelUnavailable
-from model_registry.native_ports import is_jina_lora, jina_port, native_port, port_name
+from model_registry.native_ports import is_jina_lora, jina_port, native_port, port_name, unapplied_adapters
 from model_registry.types import Kind
 
 Stage = Literal["layout", "code", "kind", "family"]
@@ -156,6 +156,20 @@ def _port_note(facts: Facts) -> str:
     return f"transformers' native {port_name(facts.model_type)} port{unused}"
 
 
+def _jina_hf_adapters(facts: Facts) -> bool:
+    return facts.model_type == "jina_embeddings_v3" and bool(unapplied_adapters(facts.transformer_dir))
+
+
+def _jina_hf_message(facts: Facts) -> str:
+    return (
+        f"{facts.root} is a jina-embeddings-v3 conversion (model_type jina_embeddings_v3) with task adapters "
+        f"({'; '.join(unapplied_adapters(facts.transformer_dir))}) that transformers' jina_embeddings_v3 port does "
+        "not apply: its vectors would be the base model's, no task's. Serve the published layout "
+        "(jinaai/jina-embeddings-v3, XLMRobertaLoRA), whose adapters this server applies per request, or a "
+        "directory without the adapters to serve the base weights"
+    )
+
+
 def _jina_lora(facts: Facts) -> bool:
     return is_jina_lora(facts.config) and jina_port() is not None
 
@@ -217,6 +231,13 @@ RULES: tuple[Rule, ...] = (
         lambda f: not f.config and f.kind != Kind.FAKE,
         "refused: not a transformers model directory",
         refusal=lambda f: f"no config.json in {f.transformer_dir}: not a transformers model directory",
+    ),
+    Rule(
+        "jina-hf-adapters",
+        "code",
+        _jina_hf_adapters,
+        "refused: a jina_embeddings_v3 conversion carrying task adapters its port does not apply",
+        refusal=_jina_hf_message,
     ),
     Rule(
         "native-port",

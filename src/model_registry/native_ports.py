@@ -75,6 +75,25 @@ def is_jina_lora(config: dict[str, Any]) -> bool:
     return _JINA_CLASS in architectures and bool(config.get("lora_adaptations"))
 
 
+def unapplied_adapters(root: Path) -> list[str]:
+    """Task adapters in a `-hf` conversion's directory that transformers' jina_embeddings_v3 port
+    would not apply: PEFT adapter folders, and LoRA factors among the weights (read from the
+    safetensors headers only)."""
+    found = sorted(str(p.parent.relative_to(root)) for p in root.glob("*/adapter_config.json"))
+    for weights in sorted(root.glob("*.safetensors")):
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(weights), framework="numpy") as handle:
+                names: list[str] = handle.keys()
+            lora = [name for name in names if "lora_" in name.lower()]
+        except (OSError, ValueError, ImportError):
+            continue
+        if lora:
+            found.append(f"{weights.name}: {len(lora)} LoRA weight(s) ({lora[0]}, ...)")
+    return found
+
+
 def jina_port() -> str | None:
     """transformers' jina_embeddings_v3 port, which serves the published layout, when installed."""
     return native_port("jina_embeddings_v3")

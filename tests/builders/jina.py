@@ -208,3 +208,27 @@ def tiny_jina_v3(root: Path, *, seed: int = 0) -> Path:
     (root / "modules.json").write_text(json.dumps(modules))
     (root / "custom_st.py").write_text("from sentence_transformers.models import Transformer  # noqa\n")
     return root
+
+
+def tiny_jina_v3_hf(root: Path, *, adapters: str = "none", seed: int = 0) -> Path:
+    """A `-hf` conversion (`model_type: jina_embeddings_v3`, transformers' own layout) in `root`,
+    its base weights those of `reference_model(...)` on the same seed. `adapters`: "folders" adds
+    a PEFT adapter folder per task, "weights" the stacked LoRA factors beside the base weights."""
+    from safetensors.torch import load_file, save_file
+
+    tokenizer = unigram_tokenizer()
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    model = reference_model(len(tokenizer), int(tokenizer.pad_token_id), seed)
+    model.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    st_layout(root, pooling="mean", hidden=HIDDEN, normalize=True, max_seq_length=128)
+    if adapters == "folders":
+        for task in TASKS:
+            (root / task).mkdir()
+            (root / task / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4}))
+    elif adapters == "weights":
+        weights = load_file(root / "model.safetensors")
+        for layer, (a, b) in lora_factors(model).items():
+            weights[f"{layer}.lora_A"], weights[f"{layer}.lora_B"] = a, b
+        save_file(weights, root / "model.safetensors", metadata={"format": "pt"})
+    return root

@@ -37,6 +37,9 @@ JINA = {
     "lora_adaptations": ["retrieval.query", "text-matching"],
 }
 
+#: A `-hf` conversion of it, in transformers' own jina_embeddings_v3 layout.
+JINA_HF = {"model_type": "jina_embeddings_v3", "architectures": ["JinaEmbeddingsV3Model"]}
+
 
 def labels(count: int) -> dict[str, Any]:
     names = {str(i): f"LABEL_{i}" for i in range(count)}
@@ -63,6 +66,10 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"open_clip_config.json": {"model_cfg": {}}, "config.json": BERT}),
     ),
     "no-config": (Case({"tokenizer.json": {}}), Case({"config.json": BERT})),
+    "jina-hf-adapters": (
+        Case({"config.json": JINA_HF, "retrieval.query/adapter_config.json": {"peft_type": "LORA"}}),
+        Case({"config.json": JINA_HF, "1_Pooling/config.json": {"pooling_mode_mean_tokens": True}}),
+    ),
     "native-port": (
         Case({"config.json": {"model_type": "nomic_bert", "architectures": ["NomicBertModel"], "auto_map": {}}}),
         Case({"config.json": {**remote("org/new-impl--modeling.NewForSequenceClassification"), "model_type": "new"}}),

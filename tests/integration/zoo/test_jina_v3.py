@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.builders.jina import INSTRUCTIONS, TASKS, merged_model, reference_model, tiny_jina_v3
+from tests.builders.jina import INSTRUCTIONS, TASKS, merged_model, reference_model, tiny_jina_v3, tiny_jina_v3_hf
 from tests.builders.text import tiny_bert
 
 pytestmark = pytest.mark.integration
@@ -189,3 +189,32 @@ def test_a_checkpoint_missing_a_layer_s_adapters_is_refused_naming_it(
         assert client.get("/health").status_code == 200
     assert answer.status_code == 503, answer.text
     assert "without task adapters for layers.1.mlp.fc2" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("adapters", ["folders", "weights"])
+def test_a_converted_checkpoint_with_task_adapters_is_refused_not_served_on_its_base(
+    serve: Any, tmp_path: Path, adapters: str
+) -> None:
+    """transformers' jina_embeddings_v3 port runs the base weights: served, every task would get them."""
+    directory = tiny_jina_v3_hf(tmp_path / "jina-hf", adapters=adapters)
+    live = serve({"models": [entry(directory)]})
+    with live.client() as client:
+        answer = client.post("/v1/embeddings", json={"model": "jina", "input": ["a"]})
+        assert client.get("/health").status_code == 200
+    assert answer.status_code == 503, answer.text
+    message = answer.json()["error"]["message"]
+    assert "task adapters" in message
+    assert "jinaai/jina-embeddings-v3" in message
+    assert ("retrieval.query" if adapters == "folders" else "LoRA weight(s)") in message
+
+
+def test_a_converted_checkpoint_without_adapters_serves_its_base_weights(serve: Any, tmp_path: Path) -> None:
+    directory = tiny_jina_v3_hf(tmp_path / "jina-hf")
+    live = serve({"models": [entry(directory)]})
+    with live.client() as client:
+        got = embed(client, SENTENCES)
+        single = [embed(client, [s])[0] for s in SENTENCES]
+        details = client.get("/v1/models/jina").json()["details"]
+    np.testing.assert_allclose(got, reference(directory, None), atol=1e-4)
+    np.testing.assert_allclose(single, got, atol=1e-5)
+    assert "task_adapters" not in details
