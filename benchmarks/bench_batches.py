@@ -5,7 +5,7 @@ thread is, and how long the garbage collector stopped the server, read from its 
         [--clients 4,16] [--requests 64] [--inputs 256] [--stand-in SECONDS_PER_TOKEN]
         [--stand-in-ops N] [--stand-in-width N] [--freeze on|off|both]
         [--gc-thresholds 700,10,10/50000,10,10]
-        [--switch-interval 0.005/0.0005] [--rounds 1]
+        [--switch-interval 0.005/0.0005] [--rounds 1] [--workload short|long]
 
 For each engine, the bundled all-MiniLM-L6-v2 served by `infinity-server serve` (a subprocess) and
 the same engine in-process (`lib/engines.py`'s `InProcess`, the ceiling): `--requests` requests of
@@ -13,7 +13,10 @@ the same engine in-process (`lib/engines.py`'s `InProcess`, the ceiling): `--req
 read before and after. Reported per run: inputs/s and its ratio to the in-process figure, the
 batches run, items per batch, the mean batch fill (cost over the token budget), the forward
 thread's busy share of the wall time (the sum of `infinity_batch_seconds` over the run's length),
-the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request stage sums.
+the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request stage sums,
+then the run as one JSON record (`{"device", "engine", "workload", "clients",
+"server_inputs_per_s", "in_process_inputs_per_s", "server_per_in_process"}`, the shape of
+`docs/runs/`). `--workload long` sends documents of about 250 tokens instead of sentences.
 
 `--stand-in S` runs the ONNX Runtime engine as a stand-in for a fast device (`lib/standin.py`): S
 seconds per padded token with the interpreter lock released, in the server and in-process alike,
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import random
 import re
@@ -44,8 +48,9 @@ from typing import Any
 import httpx
 
 from lib.clients import bulk
-from lib.datasets import sts_sentences
+from lib.datasets import long_documents, sts_sentences
 from lib.engines import BATCH_TOKENS, ENGINES, InProcess, Served
+from lib.machine import cpu_model
 
 HERE = Path(__file__).resolve().parent
 
@@ -121,10 +126,14 @@ def main() -> None:
     parser.add_argument("--gc-thresholds", help="the server's collector thresholds, settings separated by /")
     parser.add_argument("--switch-interval", help="the server's interpreter switch intervals (s), separated by /")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each server (alternating with --freeze both)")
+    parser.add_argument("--workload", choices=("short", "long"), default="short")
     args = parser.parse_args()
     rng = random.Random(0)
-    short = sts_sentences()
-    requests = [rng.sample(short, args.inputs) for _ in range(args.requests)]
+    texts = sts_sentences()
+    if args.workload == "long":
+        texts = long_documents(texts, 1024, rng)
+    requests = [rng.sample(texts, args.inputs) for _ in range(args.requests)]
+    device = device_name(args.device)
     # The server imports the hooks (hooks/sitecustomize.py, which imports lib/standin.py) at start.
     paths = [str(HERE / "hooks"), str(HERE), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
@@ -167,6 +176,25 @@ def main() -> None:
                             f"collector pauses {pauses}; per-request stage sums {figures['stage_sums_s']}",
                             flush=True,
                         )
+                        record = {
+                            "device": device,
+                            "engine": name,
+                            "workload": args.workload,
+                            "clients": clients,
+                            "server_inputs_per_s": round(figures["inputs_per_s"], 1),
+                            "in_process_inputs_per_s": round(ceiling, 1),
+                            "server_per_in_process": round(figures["inputs_per_s"] / ceiling, 3),
+                        }
+                        print(json.dumps(record), flush=True)
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's model, as `docs/runs/` records name the machine."""
+    if device == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(0))
+    return str(cpu_model())
 
 
 if __name__ == "__main__":
