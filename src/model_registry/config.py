@@ -62,7 +62,8 @@ class ModelSpec(_Frozen):
     #: The engine; `auto` takes the fastest one measured for the model's family, device and CPU
     #: kind that is installed, else torch (`backends.choice.FASTEST`; `/models` says which and why).
     backend: Literal["torch", "onnx", "ctranslate2", "auto"] = "auto"
-    quantize: Literal["none", "int8"] = "none"
+    #: int8 on ONNX Runtime and CTranslate2; fp8 on torch, on a GPU of compute capability 8.9 and up.
+    quantize: Literal["none", "int8", "fp8"] = "none"
     device: str = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8_float16"] = "auto"
     pin: bool = False

@@ -25,7 +25,7 @@ def entry(**extra: Any) -> dict[str, Any]:
     ("extra", "expected"),
     [
         ({"backend": "tensorrt"}, "'torch', 'onnx', 'ctranslate2' or 'auto'"),
-        ({"quantize": "int4"}, "'none' or 'int8'"),
+        ({"quantize": "int4"}, "'none', 'int8' or 'fp8'"),
         ({"backend": "torch", "quantize": "int8"}, "use backend: onnx, ctranslate2 or auto"),
         ({"backend": "ctranslate2", "kind": "sparse"}, "it serves classifier, dense, reranker; use backend: torch"),
         ({"backend": "onnx", "kind": "image_text"}, "use backend: torch"),

@@ -94,6 +94,7 @@ def create_adapter(spec: ModelSpec) -> Adapter:
         from model_registry.adapters.fake import FakeAdapter
 
         return FakeAdapter(spec.options)
+    from model_registry.backends.fp8 import check_kind
     from model_registry.detect import detect
     from model_registry.sources import resolve_source
 
@@ -101,6 +102,11 @@ def create_adapter(spec: ModelSpec) -> Adapter:
     if layout.kind not in FACTORIES:
         served = ", ".join(sorted(k.value for k in FACTORIES))
         raise ModelUnavailable(f"models of kind '{layout.kind.value}' are not supported yet; supported: {served}")
+    if spec.quantize == "fp8":  # media adapters never see the engine choice that checks it for text
+        try:
+            check_kind(spec.name, layout.kind.value)
+        except ValueError as error:
+            raise ModelUnavailable(str(error)) from None
     target = FAMILY_FACTORIES[layout.family] if layout.family else FACTORIES[layout.kind]
     # Only a checkpoint whose own code is needed runs it; a native port runs transformers' code.
     adapter: Adapter = _import(target)(layout, layout.remote_code)

@@ -40,7 +40,7 @@ class LoadOptions:
     max_batch_tokens: int
     threads: int | None = None
     #: The engine that runs the forward pass (torch | onnx | ctranslate2, already chosen for
-    #: 'auto'), its weight quantization (none | int8), where converted artifacts are cached.
+    #: 'auto'), its weight quantization (none | int8 | fp8), where converted artifacts are cached.
     backend: str = "torch"
     quantize: str = "none"
     cache_dir: str | None = None

@@ -30,13 +30,14 @@ def engine_for(name: str, options: LoadOptions | ModelSpec, layout: Layout, cuda
 def check_engines(specs: Iterable[ModelSpec]) -> None:
     """Raise `ConfigError` for the first model whose files rule out its engine configuration.
 
-    Models on torch, models on `auto` without int8 (auto falls back to torch), and models whose
-    files are not on this machine yet (a hub id not downloaded) are checked when they load instead."""
+    Models on torch, models on `auto` without int8 (auto falls back to torch), fp8 aside (its kinds
+    are checked here), and models whose files are not on this machine yet (a hub id not
+    downloaded) are checked when they load instead."""
     from model_registry.detect import detect
     from model_registry.sources import resolve_source
 
     for spec in specs:
-        if spec.backend == "torch" or (spec.backend == "auto" and spec.quantize == "none"):
+        if spec.quantize != "fp8" and (spec.backend == "torch" or (spec.backend == "auto" and spec.quantize == "none")):
             continue
         try:
             layout = detect(resolve_source(spec.source, revision=spec.revision), spec)

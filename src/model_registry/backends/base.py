@@ -25,12 +25,12 @@ import numpy as np
 #: each sequence's last real token.
 Task = Literal["feature-extraction", "sequence-classification", "masked-lm", "causal-lm"]
 BACKENDS = ("torch", "onnx", "ctranslate2")
-QUANTIZE = ("none", "int8")
+QUANTIZE = ("none", "int8", "fp8")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
-    """How to load: `device` and `dtype` as configured ('auto' allowed), `quantize` none|int8,
+    """How to load: `device` and `dtype` as configured ('auto' allowed), `quantize` none|int8|fp8,
     `threads` for the intra-op pool (None: every core), `lanes` for the CPU batches of ONNX Runtime
     and CTranslate2 (None: two where there are two cores or more; see `threads.lanes`),
     `cache_dir` for converted artifacts."""

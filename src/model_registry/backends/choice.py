@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model_registry.backends import fp8
 from model_registry.detect_zoo import is_causal_lm
 
 #: Families (the adapters' kinds) each engine serves. CLIP, CLAP, ColPali stay on torch.
@@ -63,7 +64,9 @@ class Choice:
 def check_static(name: str, backend: str, quantize: str, dtype: str, device: str, kind: Any) -> None:
     """What the configuration alone rules out (raises ValueError, reported as a config error)."""
     kind_name = getattr(kind, "value", kind)
-    if backend == "torch" and quantize != "none":
+    if quantize == "fp8":
+        fp8.check_options(name, backend, dtype, device, kind_name)
+    if backend == "torch" and quantize == "int8":
         raise ValueError(
             f"model '{name}': quantize: {quantize} is not available on backend: torch; "
             "use backend: onnx, ctranslate2 or auto for int8"
@@ -254,7 +257,11 @@ def choose(
     host: str | None = None,
 ) -> Choice:
     """The engine for `backend` (checked), or for `auto` the first engine of `fastest` for the
-    host (`host_kind(device)` unless given) that serves the model and is installed, else torch."""
+    host (`host_kind(device)` unless given) that serves the model and is installed, else torch.
+    fp8 runs on torch alone; whether the device runs it is the engine's check, at load."""
+    if quantize == "fp8":
+        fp8.check_options(name, backend, dtype, "auto", kind)
+        return Choice("torch", "configured" if backend == "torch" else "auto: torch, the engine that runs fp8")
     if backend != "auto":
         check_model(name, backend, quantize, kind, config, device)
         return Choice(backend, "configured")

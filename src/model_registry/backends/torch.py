@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from model_registry.backends import packed
+from model_registry.backends import fp8, packed
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.threads import cores
 from model_registry.backends.weights import from_pretrained_checked
@@ -112,7 +112,17 @@ def _openmp() -> ctypes.CDLL | None:
 
 def module_bytes(module: torch.nn.Module) -> int:
     tensors = [*module.parameters(), *module.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(tensor_bytes(t) for t in tensors)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """The bytes a tensor holds. A tensor subclass counts the tensors inside it: torchao's float8
+    weight reports the dtype it stands for, while it holds 8-bit data and float32 scales."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is None:
+        return tensor.numel() * tensor.element_size()
+    names, _ = flatten()
+    return sum(tensor_bytes(getattr(tensor, name)) for name in names)
 
 
 def activation_estimate(config: Any, max_batch_tokens: int, max_length: int | None, dtype: torch.dtype) -> int:
@@ -172,13 +182,14 @@ class TorchEngine(Engine):
         self.decoder = False
         self.kernel: packed.Kernel | None = None
         self.attention_reason = ""
+        self.precision = ""
 
     def load(self, directory: Path, options: EngineOptions) -> None:
         import transformers
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-        if options.quantize != "none":
+        if options.quantize not in ("none", "fp8"):
             raise ModelUnavailable(
                 f"the torch engine does not quantize (quantize: {options.quantize}); "
                 "use backend: onnx or backend: ctranslate2 for int8"
@@ -187,7 +198,8 @@ class TorchEngine(Engine):
         model_type = transformers.AutoConfig.from_pretrained(
             str(directory), trust_remote_code=options.trust_remote_code
         ).model_type
-        self.torch_dtype = resolve_dtype(options.dtype, self.device, model_type)
+        fp8_dtype = fp8.ready(options.dtype, self.device) if options.quantize == "fp8" else None
+        self.torch_dtype = fp8_dtype or resolve_dtype(options.dtype, self.device, model_type)
         self.dtype = str(self.torch_dtype).removeprefix("torch.")
         configure_threads(options.threads)
         self.task = options.task
@@ -198,6 +210,8 @@ class TorchEngine(Engine):
         if options.task == "causal-lm":
             keep_rows(model, options.rows)
         self.model = model.to(self.device).eval()
+        if fp8_dtype is not None:
+            self.precision = fp8.convert(self.model, fp8_dtype)
         self.config = self.model.config
         self.decoder = not hasattr(self.model, "classifier") and hasattr(self.model, "score")
         kernel, self.attention_reason = packed.choose(
@@ -257,7 +271,7 @@ class TorchEngine(Engine):
     def describe(self) -> dict[str, Any]:
         return {
             "engine": "torch",
-            "precision": self.dtype,
+            "precision": self.precision or self.dtype,
             "decoder": self.decoder,
             "attention": "padded" if self.kernel is None else "padding_free",
             "attention_reason": self.attention_reason,
