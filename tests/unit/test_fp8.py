@@ -38,7 +38,8 @@ def entry(**extra: Any) -> dict[str, Any]:
     [
         ({"backend": "onnx"}, "runs on backend: torch (or auto), not onnx; onnx's own 8-bit path is quantize: int8"),
         ({"backend": "ctranslate2"}, "not ctranslate2; ctranslate2's own 8-bit path is quantize: int8"),
-        ({"dtype": "float32"}, "set dtype: auto (bfloat16), bfloat16 or float16, not float32"),
+        ({"dtype": "float32"}, "keeps the layers it does not convert in bfloat16"),
+        ({"dtype": "float16"}, "scales per token take bfloat16 weights); set dtype: auto or bfloat16, not float16"),
         ({"device": "cpu"}, "compute capability 8.9 or higher (Ada (L4, L40S, RTX 40 series), Hopper (H100, H200)"),
         ({"device": "mps"}, "not device: mps; set quantize: none"),
         ({"kind": "sparse"}, "8-bit rounding decides which terms exist at all"),
@@ -56,7 +57,7 @@ def test_what_the_configuration_rules_out_is_a_config_error_naming_the_model(
     assert expected in message
 
 
-@pytest.mark.parametrize("extra", [{}, {"backend": "torch"}, {"dtype": "float16"}, {"device": "cuda:1"}])
+@pytest.mark.parametrize("extra", [{}, {"backend": "torch"}, {"dtype": "bfloat16"}, {"device": "cuda:1"}])
 def test_fp8_configurations_the_torch_engine_can_run_are_accepted(extra: dict[str, Any]) -> None:
     assert registry_config({"models": [entry(**extra)]}).models[0].quantize == "fp8"
 
@@ -120,17 +121,17 @@ def test_a_gpu_below_capability_8_9_is_refused_naming_it_before_any_weight_is_re
     assert "Ada (L4, L40S, RTX 40 series), Hopper (H100, H200) or Blackwell (B200, RTX 50 series)" in message
 
 
-@pytest.mark.parametrize(
-    ("dtype", "expected"), [("auto", torch.bfloat16), ("bfloat16", torch.bfloat16), ("float16", torch.float16)]
-)
-def test_a_gpu_of_capability_8_9_and_up_runs_fp8_with_the_rest_in_16_bits(
-    monkeypatch: pytest.MonkeyPatch, dtype: str, expected: torch.dtype
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
+def test_a_gpu_of_capability_8_9_and_up_runs_fp8_with_the_rest_in_bfloat16(
+    monkeypatch: pytest.MonkeyPatch, dtype: str
 ) -> None:
     pytest.importorskip("torchao")
     pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", (9, 0))
-    assert fp8.ready(dtype, "cuda") == expected
+    assert fp8.ready(dtype, "cuda") == torch.bfloat16
     pretend_gpu(monkeypatch, "NVIDIA L4", (8, 9))
-    assert fp8.ready(dtype, "cuda:0") == expected
+    assert fp8.ready(dtype, "cuda:0") == torch.bfloat16
+    with pytest.raises(ModelUnavailable, match="runs the other layers in bfloat16, not float16"):
+        fp8.ready("float16", "cuda:0")
 
 
 def test_without_torchao_the_refusal_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,7 +166,7 @@ def test_a_model_with_no_layer_fp8_can_convert_is_refused() -> None:
 
     model = BertModel(BertConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=2, intermediate_size=40))
     with pytest.raises(ModelUnavailable, match=r"no linear layer to convert.*multiples of 16"):
-        fp8.convert(model, torch.bfloat16)
+        fp8.convert(model)
 
 
 @pytest.fixture
@@ -177,7 +178,7 @@ def cpu_float8(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
     monkeypatch.setattr(quant_api, "is_sm_at_least_89", lambda: True)
-    monkeypatch.setattr(fp8, "ready", lambda dtype, device: getattr(torch, fp8.REST[dtype]))
+    monkeypatch.setattr(fp8, "ready", lambda dtype, device: torch.bfloat16)
 
 
 def dense(results: list[Result]) -> np.ndarray:
@@ -192,24 +193,30 @@ def engine_of(adapter: Adapter) -> TorchEngine:
 
 
 @pytest.mark.usefixtures("cpu_float8")
-@pytest.mark.parametrize(("dtype", "scales"), [("bfloat16", "per-row scales"), ("float16", "per-tensor scales")])
-def test_the_engine_converts_its_layers_and_stays_close_to_16_bits(tmp_path: Path, dtype: str, scales: str) -> None:
-    """The tiny model's vectors in fp8 against the same model in `dtype`, through its adapter."""
+def test_the_engine_converts_its_layers_and_stays_close_to_bfloat16(tmp_path: Path) -> None:
+    """The tiny model's vectors in fp8 against the same model in bfloat16, through its adapter."""
     from torchao.quantization import Float8Tensor
 
     bert = tiny_bert(tmp_path / "bert")
-    plain = load(bert, "torch", tmp_path, device="cpu", dtype=dtype)
-    quantized = load(bert, "torch", tmp_path, device="cpu", dtype=dtype, quantize="fp8")
+    plain = load(bert, "torch", tmp_path, device="cpu", dtype="bfloat16")
+    quantized = load(bert, "torch", tmp_path, device="cpu", quantize="fp8")  # dtype auto
     engine = quantized.describe()["engine"]
-    assert engine["precision"] == f"float8_e4m3fn (12 linear layers, {scales}), {dtype} elsewhere"
+    assert engine["precision"] == "float8_e4m3fn (12 linear layers, per-row scales), bfloat16 elsewhere"
     assert engine["reason"] == "configured"
-    assert plain.describe()["engine"]["precision"] == dtype
+    assert plain.describe()["engine"]["precision"] == "bfloat16"
     model = engine_of(quantized).model
     converted = {n for n, p in model.named_parameters() if isinstance(p, Float8Tensor)}
     assert converted == {f"{name}.weight" for name in layer_names(2)}
     ours, theirs = dense(run(quantized, embed_items())), dense(run(plain, embed_items()))
-    cosines = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
-    assert cosines.min() >= 0.99, cosines
+    assert cosines(ours, theirs).min() >= 0.99, cosines(ours, theirs)
+    # Scales per token: a text's vector does not depend on the others in its batch.
+    alone = dense([run(quantized, [item])[0] for item in embed_items()])
+    assert cosines(alone, ours).min() >= 0.9999, cosines(alone, ours)
+
+
+def cosines(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    result: np.ndarray = (left * right).sum(1) / np.linalg.norm(left, axis=1) / np.linalg.norm(right, axis=1)
+    return result
 
 
 @pytest.mark.usefixtures("cpu_float8")

@@ -1,13 +1,13 @@
 """`quantize: fp8` on the torch engine: a transformer's linear layers in 8-bit floats.
 
 The weights of those layers are stored as float8_e4m3fn with a float32 scale per output row, and
-each forward pass scales its activations to float8 too (per token, from that batch's values), so
-the products run on the GPU's fp8 tensor cores through torchao's float8 kernels. That needs compute
-capability 8.9 or higher (`GPUS`). Everything else stays in 16 bits (`dtype`: bfloat16 unless
-float16 is asked for, and then the scales are per tensor: torchao's per-row scales take bfloat16):
-the embeddings (a lookup, no product), the heads (a pooler, a classifier, a decoder reranker's
-score rows, an LM head's rows: few weights, and they set the output's scale), and any layer whose
-sizes are not multiples of 16, which fp8 matrix products need.
+each forward pass scales its activations to float8 too, with a scale per token, so that a text's
+vector never depends on the other texts in its batch; the products run on the GPU's fp8 tensor
+cores through torchao's float8 kernels, which needs compute capability 8.9 or higher (`GPUS`).
+Everything else stays in bfloat16 (torchao's per-row scales take bfloat16 weights; its float16
+path scales a whole batch at once): the embeddings (a lookup, no product), the heads (a pooler, a
+classifier, a decoder reranker's score rows, an LM head's rows: few weights, and they set the
+output's scale), and any layer whose sizes are not multiples of 16, which fp8 products need.
 
 The configuration's rules (`check_options`, `check_kind`) import nothing; torch and torchao are
 imported on the engine's load (`ready`, `convert`), so that `import model_registry` never needs them.
@@ -40,8 +40,8 @@ REFUSED = {
     "page_text": "its towers run in their adapter, not on the torch engine that fp8 converts",
     "fake": "it has no weights",
 }
-#: The 16-bit dtype of what fp8 leaves alone, per configured `dtype`.
-REST = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}
+#: The configured `dtype`s fp8 takes, for what it leaves alone: bfloat16.
+DTYPES = ("auto", "bfloat16")
 #: Module names (a path's parts) that are never converted: embeddings and heads.
 _KEPT = ("embed", "pooler", "head", "classifier", "score")
 
@@ -65,10 +65,10 @@ def check_options(name: str, backend: str, dtype: str, device: str, kind: str) -
             f"model '{name}': quantize: fp8 runs on backend: torch (or auto), not {backend}; "
             f"{backend}'s own 8-bit path is quantize: int8"
         )
-    if dtype not in REST:
+    if dtype not in DTYPES:
         raise ValueError(
-            f"model '{name}': quantize: fp8 keeps the layers it does not convert in 16 bits; "
-            f"set dtype: auto (bfloat16), bfloat16 or float16, not {dtype}"
+            f"model '{name}': quantize: fp8 keeps the layers it does not convert in bfloat16 (its float8 "
+            f"scales per token take bfloat16 weights); set dtype: auto or bfloat16, not {dtype}"
         )
     if device != "auto" and not device.startswith("cuda"):
         raise ValueError(
@@ -79,8 +79,8 @@ def check_options(name: str, backend: str, dtype: str, device: str, kind: str) -
 
 
 def ready(dtype: str, device: str) -> torch.dtype:
-    """The dtype of the layers fp8 leaves alone, once `device` is known to run fp8 and torchao is
-    installed; else ModelUnavailable naming what is missing (checked before any weight is read)."""
+    """The dtype of the layers fp8 leaves alone (bfloat16), once `device` is known to run fp8 and
+    torchao is installed; else ModelUnavailable naming what is missing (before any weight is read)."""
     import torch
 
     if not device.startswith("cuda"):
@@ -101,10 +101,9 @@ def ready(dtype: str, device: str) -> torch.dtype:
         raise ModelUnavailable(
             f"quantize: fp8 runs on torchao's float8 kernels, and torchao is not installed: {INSTALL}"
         ) from None
-    if dtype not in REST:
-        raise ModelUnavailable(f"quantize: fp8 runs the other layers in bfloat16 or float16, not {dtype}")
-    result: torch.dtype = getattr(torch, REST[dtype])
-    return result
+    if dtype not in DTYPES:
+        raise ModelUnavailable(f"quantize: fp8 runs the other layers in bfloat16, not {dtype}")
+    return torch.bfloat16
 
 
 def targets(model: Any) -> list[str]:
@@ -126,11 +125,11 @@ def targets(model: Any) -> list[str]:
     return chosen
 
 
-def convert(model: Any, dtype: torch.dtype) -> str:
-    """Convert `model`'s `targets` in place (already on its device, in `dtype`); the precision as
+def convert(model: Any) -> str:
+    """Convert `model`'s `targets` in place (already on its device, in bfloat16); the precision as
     `/models` shows it. ModelUnavailable where no layer qualifies: fp8 would change nothing."""
     import torch
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
     names = set(targets(model))
     if not names:
@@ -138,15 +137,12 @@ def convert(model: Any, dtype: torch.dtype) -> str:
             "quantize: fp8 found no linear layer to convert: fp8 products need both sizes of a layer to be "
             "multiples of 16, and this model's transformer has none such; set quantize: none"
         )
-    per_row = dtype == torch.bfloat16
     config = Float8DynamicActivationFloat8WeightConfig(
-        granularity=PerRow() if per_row else PerTensor(),
+        granularity=PerRow(),  # a scale per token and per output row
         set_inductor_config=False,  # nothing here is compiled; leave the process-wide settings alone
     )
     device = next(model.parameters()).device
     # torchao asks the current CUDA device for its capability: make it the model's.
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         quantize_(model, config, filter_fn=lambda _, name: name in names)
-    dtype_name = str(dtype).removeprefix("torch.")
-    scales = "per-row scales" if per_row else "per-tensor scales"
-    return f"float8_e4m3fn ({len(names)} linear layers, {scales}), {dtype_name} elsewhere"
+    return f"float8_e4m3fn ({len(names)} linear layers, per-row scales), bfloat16 elsewhere"

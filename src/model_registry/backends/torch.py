@@ -211,7 +211,7 @@ class TorchEngine(Engine):
             keep_rows(model, options.rows)
         self.model = model.to(self.device).eval()
         if fp8_dtype is not None:
-            self.precision = fp8.convert(self.model, fp8_dtype)
+            self.precision = fp8.convert(self.model)
         self.config = self.model.config
         self.decoder = not hasattr(self.model, "classifier") and hasattr(self.model, "score")
         kernel, self.attention_reason = packed.choose(
