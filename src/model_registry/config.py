@@ -73,6 +73,10 @@ class ModelSpec(_Frozen):
     #: CPU, 16,384 on a GPU). `/models` shows the budget and how it was chosen.
     max_batch_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | Literal["auto"] | None = None
     max_queued_items: int = Field(default=8192, ge=1)
+    #: CUDA graphs of the torch engine's forward for small batches, captured at load: `auto` where
+    #: the device is CUDA and the family is captured (`backends.graphs.FAMILIES`), `true` (or a
+    #: start-up error saying why not), `false`.
+    cuda_graphs: bool | Literal["auto"] = "auto"
     truncate: bool = True
     max_length: int | None = Field(default=None, ge=1)
     pooling: Pooling | None = None
@@ -144,6 +148,22 @@ class ModelSpec(_Frozen):
         from model_registry.backends.choice import check_static
 
         check_static(self.name, self.backend, self.quantize, self.dtype, self.device, self.kind)
+        return self
+
+    @model_validator(mode="after")
+    def _graphs(self) -> ModelSpec:
+        if self.cuda_graphs is not True:
+            return self
+        if not self.device.startswith(("cuda", "auto")):
+            raise ValueError(
+                f"model '{self.name}': cuda_graphs: true needs a CUDA device, not device: {self.device}; "
+                "set device: cuda (or auto on a machine with a GPU), or cuda_graphs: auto"
+            )
+        if self.backend in ("onnx", "ctranslate2"):
+            raise ValueError(
+                f"model '{self.name}': cuda_graphs: true captures the torch engine, not backend: {self.backend}; "
+                "set backend: torch, or cuda_graphs: auto"
+            )
         return self
 
     @field_validator("name")

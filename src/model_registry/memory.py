@@ -106,6 +106,9 @@ class CudaReading:
     allocated: int
     reserved: int
     used: int
+    #: Bytes reserved in private pools (CUDA graphs') that no tensor holds: torch lends them to
+    #: nothing else, so they are as taken as allocated memory.
+    pooled: int = 0
 
     @classmethod
     def take(cls, device: str) -> CudaReading:
@@ -114,7 +117,20 @@ class CudaReading:
         torch.cuda.synchronize(device)
         free, total = torch.cuda.mem_get_info(torch.device(device))
         allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
-        return cls(allocated=int(allocated), reserved=int(reserved), used=int(total - free))
+        return cls(int(allocated), int(reserved), int(total - free), _pooled(torch.device(device)))
+
+
+def _pooled(device: Any) -> int:
+    """The free bytes of the private pools' segments on `device` (the default pool is (0, 0))."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    segments: list[dict[str, Any]] = torch.cuda.memory_snapshot(include_traces=False)  # type: ignore[no-untyped-call]
+    free = 0
+    for segment in segments:
+        if segment.get("device") == index and tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
+            free += int(segment.get("total_size", 0)) - int(segment.get("allocated_size", 0))
+    return free
 
 
 def cuda_footprint(before: CudaReading, after: CudaReading, torch_peak: int) -> int:
@@ -124,12 +140,14 @@ def cuda_footprint(before: CudaReading, after: CudaReading, torch_peak: int) -> 
 
     The part outside torch is the growth of the device's used memory less the growth of torch's
     reserve, so torch's cache is not counted twice. It is measured after the warm-up, whose peak
-    those arenas keep. Another process allocating on the same device at the same time would be
-    charged here too; a load is over-charged then, never under-charged.
+    those arenas keep. The free part of private pools (CUDA graphs' memory between replays) is
+    charged too: torch's cache lends it to no other tensor. Another process allocating on the same
+    device at the same time would be charged here too; a load is over-charged then, never
+    under-charged.
     """
     in_torch = max(0, torch_peak - before.allocated)
     outside = (after.used - before.used) - (after.reserved - before.reserved)
-    return in_torch + max(0, outside)
+    return in_torch + max(0, outside) + max(0, after.pooled - before.pooled)
 
 
 #: How ONNX Runtime's CUDA arena and CTranslate2 say that the device is full (torch has its own type).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,13 +29,22 @@ def load(
     quantize: str = "none",
     device: str = "cpu",
     dtype: str = "auto",
+    cuda_graphs: bool | Literal["auto"] = False,
 ) -> Adapter:
+    """`directory` loaded on one engine; CUDA graphs off unless asked, so that a test of the eager
+    path on a GPU runs it for small batches too."""
     spec = ModelSpec.model_validate(
         {"name": "m", "source": str(directory), "kind": kind, "backend": backend, "quantize": quantize}
     )
     adapter = create_adapter(spec)
     options = LoadOptions(
-        device=device, dtype=dtype, max_batch_tokens=4096, backend=backend, quantize=quantize, cache_dir=str(cache)
+        device=device,
+        dtype=dtype,
+        max_batch_tokens=4096,
+        backend=backend,
+        quantize=quantize,
+        cache_dir=str(cache),
+        cuda_graphs=cuda_graphs,
     )
     adapter.load(options)
     return adapter

@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from model_registry.types import Capability, Item, Kind, Prepared, Result
 
@@ -49,6 +49,8 @@ class LoadOptions:
     max_image_aspect_ratio: float = 200.0
     max_media_expansion: float = 256.0
     max_audio_samples: int = 16_000_000
+    #: The torch engine's CUDA graphs for small batches (the model's `cuda_graphs`).
+    cuda_graphs: bool | Literal["auto"] = "auto"
 
 
 class Adapter(abc.ABC):

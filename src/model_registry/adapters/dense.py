@@ -24,7 +24,7 @@ from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, En
 from model_registry.backends.choice import Choice
 from model_registry.backends.weights import weight_bytes
 from model_registry.detect import DenseLayer, Layout
-from model_registry.errors import InvalidInput, UnsupportedOperation
+from model_registry.errors import InvalidInput, ModelUnavailable, UnsupportedOperation
 from model_registry.types import (
     Capability,
     Embedding,
@@ -177,6 +177,11 @@ class TextEncoder(Adapter):
 
     def new_engine(self, options: LoadOptions, device: str) -> Engine:
         self.choice = engine_for(str(self.layout.root), options, self.layout, device.startswith("cuda"))
+        if options.cuda_graphs is True and self.choice.backend != "torch":
+            raise ModelUnavailable(
+                f"cuda_graphs: true captures the torch engine, but this model runs on {self.choice.backend} "
+                f"({self.choice.reason}); set backend: torch"
+            )
         return create_engine(self.choice.backend)
 
     def engine_options(self, options: LoadOptions, device: str) -> EngineOptions:
@@ -188,6 +193,7 @@ class TextEncoder(Adapter):
             threads=options.threads,
             cache_dir=options.cache_dir,
             trust_remote_code=self.trust_remote_code,
+            cuda_graphs=options.cuda_graphs,
         )
 
     def on_forward_thread(self) -> None:

@@ -45,6 +45,8 @@ class EngineOptions:
     trust_remote_code: bool = False
     #: The vocabulary rows whose logits the causal-lm task returns (an LLM reranker's two tokens).
     rows: tuple[int, ...] = ()
+    #: The torch engine's CUDA graphs for small batches: "auto" (where safe), True, False.
+    cuda_graphs: bool | Literal["auto"] = "auto"
 
 
 @dataclass(frozen=True)

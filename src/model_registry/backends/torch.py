@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from model_registry.backends import fp8, packed
+from model_registry.backends import fp8, graphs, packed
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.threads import cores
 from model_registry.backends.weights import from_pretrained_checked
@@ -183,6 +183,8 @@ class TorchEngine(Engine):
         self.kernel: packed.Kernel | None = None
         self.attention_reason = ""
         self.precision = ""
+        self.graphs: graphs.Graphs | None = None
+        self.graphs_reason = ""
 
     def load(self, directory: Path, options: EngineOptions) -> None:
         import transformers
@@ -219,6 +221,9 @@ class TorchEngine(Engine):
         )
         if kernel is not None:
             self.use_padding_free(kernel, self.attention_reason)
+        self.graphs, self.graphs_reason = graphs.load(
+            options.cuda_graphs, self._padded, self.config, self.device, self.task, options.trust_remote_code
+        )
 
     def use_padding_free(self, kernel: packed.Kernel, reason: str) -> None:
         """Run this model's batches padding-free on `kernel` ('sdpa' computes the same attention as
@@ -227,21 +232,28 @@ class TorchEngine(Engine):
         self.kernel, self.attention_reason = kernel, reason
 
     def run(self, batch: EncoderBatch) -> EncoderOutput:
+        replayed = self.graphs.run(batch) if self.graphs is not None else None
+        if replayed is not None:
+            return replayed
         ids = torch.from_numpy(batch.input_ids).to(self.device)
         mask = torch.from_numpy(batch.attention_mask).to(self.device)
         extra = {}
         if batch.token_type_ids is not None:
             extra["token_type_ids"] = torch.from_numpy(batch.token_type_ids).to(self.device)
         with compute_slot(self.device), torch.inference_mode():
-            if self.task == "feature-extraction":
-                return EncoderOutput(hidden=self._forward(self.model, ids, mask, extra))
-            if self.task == "sequence-classification" and self.decoder:
-                return EncoderOutput(logits=self.model.score(self._last_states(ids, mask)))
-            if self.task == "causal-lm":
-                return EncoderOutput(logits=self.model.get_output_embeddings()(self._last_states(ids, mask)))
-            if self.task == "masked-lm":
-                return EncoderOutput(logits=self._forward(self.model, ids, mask, extra))
-            return EncoderOutput(logits=self.model(input_ids=ids, attention_mask=mask, **extra).logits)
+            return self._padded(ids, mask, extra)
+
+    def _padded(self, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor]) -> EncoderOutput:
+        """The task's outputs for a padded batch already on the device (what CUDA graphs capture)."""
+        if self.task == "feature-extraction":
+            return EncoderOutput(hidden=self._forward(self.model, ids, mask, extra))
+        if self.task == "sequence-classification" and self.decoder:
+            return EncoderOutput(logits=self.model.score(self._last_states(ids, mask)))
+        if self.task == "causal-lm":
+            return EncoderOutput(logits=self.model.get_output_embeddings()(self._last_states(ids, mask)))
+        if self.task == "masked-lm":
+            return EncoderOutput(logits=self._forward(self.model, ids, mask, extra))
+        return EncoderOutput(logits=self.model(input_ids=ids, attention_mask=mask, **extra).logits)
 
     def _forward(self, module: Any, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor]) -> Any:
         """`module`'s first output, padded (B, L, ...), computed padding-free where chosen."""
@@ -263,9 +275,11 @@ class TorchEngine(Engine):
         return result
 
     def footprint(self) -> int:
-        return module_bytes(self.model) if self.model is not None else 0
+        graph_bytes = self.graphs.bytes if self.graphs is not None else 0
+        return module_bytes(self.model) + graph_bytes if self.model is not None else 0
 
     def release(self) -> None:
+        self.graphs = None
         self.model = None
 
     def describe(self) -> dict[str, Any]:
@@ -275,4 +289,9 @@ class TorchEngine(Engine):
             "decoder": self.decoder,
             "attention": "padded" if self.kernel is None else "padding_free",
             "attention_reason": self.attention_reason,
+            "cuda_graphs": {
+                "enabled": self.graphs is not None,
+                "reason": self.graphs_reason,
+                **(self.graphs.describe() if self.graphs is not None else {}),
+            },
         }
