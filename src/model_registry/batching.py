@@ -16,7 +16,8 @@ How a batch is chosen, each time the worker asks for one:
    most one batch in `aging` seconds, and never two in a row, to aging.
 3. A window of the head's class and group (up to `window` batches' worth of cost and at most
    `WINDOW_ITEMS` items, the head request first, then the others by service level) is sorted by
-   cost and cut into batches that fit `max_batch_tokens` with padding counted; the batch holding
+   cost and cut into batches that fit `max_batch_tokens` as the adapter's `batch_cost` counts them
+   (padding included, except on an engine that runs padding-free); the batch holding
    the head's oldest item is returned. A wide window pads less, nearly as little as one sort over
    the whole backlog (figures: docs/reliability.md).
 

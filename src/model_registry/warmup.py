@@ -124,8 +124,8 @@ def measure_rate(adapter: Adapter, max_batch_tokens: int) -> Rate | None:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """A model's batch budget in tokens (padding counted), why it is what it is, and the timed
-    batches behind a measured one."""
+    """A model's batch budget in tokens (as its adapter's `batch_cost` counts them), why it is
+    what it is, and the timed batches behind a measured one."""
 
     tokens: int
     #: "configured" (the model's `max_batch_tokens`), "device default" or "measured".

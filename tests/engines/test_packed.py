@@ -1,6 +1,7 @@
-"""Padding-free batches on the torch engine: every packed family against the padded path on the
-same weights (fp32, 1e-4), batched against single, the per-device choice as `/v1/models` shows it,
-and, on a CUDA device, the varlen kernel in float16 against float32 padded."""
+"""Padding-free batches on the torch engine: every packed family and pooling against the padded
+path on the same weights (fp32, 1e-4), batched against single, outputs that stay packed, the
+budget that counts real tokens, the per-device choice as `/v1/models` shows it, and, on a CUDA
+device, the varlen kernel in float16 against float32 padded."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import torch
 from model_registry.adapters import Adapter
 from model_registry.backends import packed
 from model_registry.backends.torch import TorchEngine
-from model_registry.types import EmbedItem, Item, Output, PairItem, Text
+from model_registry.batching import BatchQueue, Request
+from model_registry.types import EmbedItem, Item, Output, PairItem, Prepared, Text
 from tests.builders.embedders import tiny_gemma3, tiny_modernbert, tiny_qwen3, tiny_xlmr
 from tests.builders.text import tiny_bert, tiny_qwen2
 from tests.builders.zoo import tiny_bge_m3, tiny_colbert, tiny_llm_reranker, tiny_masked_lm
@@ -28,8 +30,18 @@ LONG = " ".join(["The quick brown fox jumps over the lazy dog near the river ban
 ALL_OUTPUTS = frozenset(Output)
 
 
-def embeds(outputs: frozenset[Output] = frozenset({Output.DENSE})) -> list[Item]:
-    return [EmbedItem(Text(t), outputs=outputs) for t in [*TEXTS, LONG, "a b"]]
+def embeds(outputs: frozenset[Output] = frozenset({Output.DENSE}), query: bool = False, prompt: str = "") -> list[Item]:
+    return [EmbedItem(Text(t), outputs=outputs, is_query=query, prompt=prompt) for t in [*TEXTS, LONG, "a b"]]
+
+
+def late_chunks() -> list[Item]:
+    """Whole texts and texts pooled per span (late chunking) in one batch."""
+    spans = (((1, 3), (3, 9)), (), ((0, 1),), (), ((2, 40), (1, 2)), ())
+    return [EmbedItem(Text(t), spans=s) for t, s in zip([*TEXTS, LONG, "a b"], spans, strict=True)]
+
+
+def pooled_bert(pooling: str) -> Callable[[Path], Path]:
+    return lambda root: tiny_bert(root, pooling=pooling, prompts={"query": "query: "}, include_prompt=False)
 
 
 def pairs() -> list[Item]:
@@ -47,7 +59,15 @@ FAMILIES: dict[str, tuple[Callable[[Path], Path], str, Callable[[], list[Item]]]
     "gemma3-bidirectional": (tiny_gemma3, "auto", embeds),
     "splade": (tiny_masked_lm, "sparse", lambda: embeds(frozenset({Output.SPARSE}))),
     "colbert": (tiny_colbert, "auto", lambda: embeds(frozenset({Output.MULTIVECTOR}))),
+    # Query expansion: [MASK] tokens the attention does not see, each yielding a vector.
+    "colbert-queries": (tiny_colbert, "auto", lambda: embeds(frozenset({Output.MULTIVECTOR}), query=True)),
     "bge-m3": (tiny_bge_m3, "auto", lambda: embeds(ALL_OUTPUTS)),
+    "bert-late-chunks": (tiny_bert, "auto", late_chunks),
+    # Every pooling mode, with the prompt's tokens left out of the pooling.
+    **{
+        f"bert-{mode}-prompt-excluded": (pooled_bert(mode), "auto", lambda: embeds(prompt="query: "))
+        for mode in ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+    },
 }
 
 
@@ -63,9 +83,9 @@ def packs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     original = packed.pack
 
-    def counting(mask: torch.Tensor, kernel: packed.Kernel) -> packed.Packing:
+    def counting(mask: torch.Tensor, *args: Any, **kwargs: Any) -> packed.Packing:
         seen.append(int(mask.shape[0]))
-        return original(mask, kernel)
+        return original(mask, *args, **kwargs)
 
     monkeypatch.setattr(packed, "pack", counting)
     return seen
@@ -115,10 +135,26 @@ def test_packing_of_a_left_and_right_padded_batch() -> None:
     assert packing.cu_seqlens.tolist() == [0, 2, 5, 6]
     assert packing.max_length == 3
     assert packed.positions(packing, 2).tolist() == [[2, 3, 2, 3, 4, 2]]
+    assert packing.segments.tolist() == [0, 0, 1, 1, 1, 2]
     ids = torch.tensor([[0, 7, 8], [1, 2, 3], [9, 0, 0]])
     assert packed.flatten(ids, packing).tolist() == [[7, 8, 1, 2, 3, 9]]
-    states = packed.unpack(packed.flatten(ids, packing).unsqueeze(-1).float(), packing)
-    assert states[..., 0].tolist() == [[0, 7, 8], [1, 2, 3], [9, 0, 0]]
+    assert packed.last(packed.flatten(ids, packing)[0].unsqueeze(-1), packing.cu_seqlens).tolist() == [[8], [3], [9]]
+    assert packing.keys is None
+
+
+def test_packing_tokens_the_attention_does_not_see() -> None:
+    """ColBERT's query expansion: the last tokens of a row are packed but are no keys."""
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    attended = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    packing = packed.pack(mask, "sdpa", attended=attended)
+    assert packing.cu_seqlens.tolist() == [0, 4, 7]
+    assert packing.keys is not None
+    assert packing.cu_keys is not None
+    assert packing.keys.tolist() == [True, True, False, False, True, True, True]
+    assert (packing.cu_keys.tolist(), packing.max_keys) == ([0, 2, 5], 3)
+    seen = packed._block_mask(packing, causal=False, window=None)[0, 0]
+    assert seen[2].tolist() == [True, True, False, False, False, False, False]  # an expansion token
+    assert seen[4].tolist() == [False, False, False, False, True, True, True]
 
 
 def config(model_type: str, pad: int = 1) -> Any:
@@ -161,7 +197,7 @@ def test_models_shows_the_attention_path(serve: Any, models: dict[str, Path]) ->
         assert client.post("/v1/embeddings", json={"model": "bert", "input": ["a"]}).status_code == 200
         listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
     engine = listed["bert"]["details"]["engine"]
-    assert engine["attention"] == "padded"
+    assert (engine["attention"], engine["budget_counts"]) == ("padded", "padded_tokens")
     assert "no variable-length attention kernel" in engine["attention_reason"]
     assert (engine["precision"], listed["bert"]["dtype"]) == ("float32", "float32")
 
@@ -178,7 +214,17 @@ def cosines(left: list[Any], right: list[Any]) -> list[float]:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(
-    "family", ["bert", "xlm-r", "modernbert", "qwen3-last-token-left-padded", "gemma3-bidirectional"]
+    "family",
+    [
+        "bert",
+        "xlm-r",
+        "modernbert",
+        "qwen3-last-token-left-padded",
+        "gemma3-bidirectional",
+        "colbert",
+        "colbert-queries",
+        "bert-weightedmean-prompt-excluded",
+    ],
 )
 def test_varlen_in_half_precision_matches_padded_float32(family: str, models: dict[str, Path], tmp_path: Path) -> None:
     _, kind, make_items = FAMILIES[family]
@@ -187,3 +233,62 @@ def test_varlen_in_half_precision_matches_padded_float32(family: str, models: di
     adapter = load(models[family], "torch", tmp_path, kind=kind, device="cuda", dtype="float16")
     assert engine_of(adapter).describe()["attention"] == "padding_free"
     assert min(cosines(reference, run(adapter, items))) >= 0.999
+
+
+@pytest.mark.parametrize(("family", "kind"), [("bert", "auto"), ("splade", "sparse")])
+def test_per_token_outputs_stay_packed(family: str, kind: str, models: dict[str, Path], tmp_path: Path) -> None:
+    """Hidden states and MLM logits come back for the real tokens alone, never padded."""
+    adapter = load(models[family], "torch", tmp_path, kind=kind)
+    engine = engine_of(adapter)
+    engine.use_padding_free("sdpa", "test")
+    batch = adapter.collate(adapter.prepare(embeds(frozenset({Output.SPARSE if kind == "sparse" else Output.DENSE}))))
+    inputs = batch.inputs
+    output = engine.run(inputs)
+    real = int(inputs.attention_mask.sum())
+    assert real < inputs.attention_mask.size  # the batch has padding to leave out
+    assert output.packed is not None
+    assert (output.hidden if output.logits is None else output.logits).shape[0] == real
+    assert output.packed.cu_seqlens.tolist()[-1] == real
+
+
+def test_a_decoder_reranker_scores_each_last_token_packed(models: dict[str, Path], tmp_path: Path) -> None:
+    adapter = load(models["qwen2-reranker"], "torch", tmp_path, kind="reranker")
+    engine = engine_of(adapter)
+    engine.use_padding_free("sdpa", "test")
+    items = pairs()
+    output = engine.run(adapter.collate(adapter.prepare(items)).inputs)
+    assert output.packed is None  # one row of logits per pair
+    assert output.logits.shape[0] == len(items)
+
+
+def batches_of(costs: list[int], batch_cost: Callable[[int, int, int], int]) -> list[list[int]]:
+    """The batches a queue with a budget of 100 cuts one request of items of `costs` into."""
+    queue = BatchQueue(max_batch_tokens=100, max_items=1000, batch_cost=batch_cost)
+    queue.put(
+        Request(
+            [Prepared(i, c, c, None) for i, c in enumerate(costs)], priority=0, deadline=1e18, on_done=lambda _: None
+        )
+    )
+    found = []
+    while (batch := queue.next_batch(timeout=0)) is not None:
+        found.append(sorted(e.prepared.cost for e in batch.entries))
+    return found
+
+
+def test_the_budget_counts_real_tokens_padding_free_and_padded_tokens_otherwise(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    adapter = load(models["bert"], "torch", tmp_path)
+    assert adapter.describe()["engine"]["budget_counts"] == "padded_tokens"
+    mixed, spread = [10, 10, 10, 10, 40], [2] * 15 + [40]
+    # Padded: 4 x 10 = 40 fits, 5 x 40 = 200 does not.
+    assert adapter.batch_cost(5, 40, 80) == 200
+    assert batches_of(mixed, adapter.batch_cost) == [[10, 10, 10, 10], [40]]
+    engine_of(adapter).use_padding_free("sdpa", "test")
+    assert adapter.describe()["engine"]["budget_counts"] == "real_tokens"
+    # Padding-free: the 80 real tokens fit in one batch.
+    assert adapter.batch_cost(5, 40, 80) == 80
+    assert batches_of(mixed, adapter.batch_cost) == [mixed]
+    # 70 real tokens, but 16 rows of 40 lay out 640 positions on the host: a quarter, 160, is charged.
+    assert adapter.batch_cost(16, 40, 70) == 160
+    assert batches_of(spread, adapter.batch_cost) == [[2] * 15, [40]]

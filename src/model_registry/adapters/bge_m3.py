@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_registry.adapters import segments
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextBatch, TextEncoder
 from model_registry.adapters.items import embed_item
+from model_registry.adapters.segments import Ragged
 from model_registry.detect import Layout
 from model_registry.errors import ModelUnavailable
 from model_registry.types import Capability, Embedding, Item, Kind, Output, Prepared, Result, SparseVector
@@ -30,9 +32,12 @@ _ALL = frozenset(Output)
 
 @dataclass(frozen=True)
 class M3Output:
+    """The dense vectors (batch, hidden); the sparse weight of each real token and the ColBERT
+    vector of each real token after the first, row after row."""
+
     dense: torch.Tensor
-    token_weights: torch.Tensor
-    colbert: torch.Tensor
+    token_weights: Ragged
+    colbert: Ragged
 
 
 def sparse_from_weights(ids: np.ndarray, weights: np.ndarray, skip: frozenset[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -99,25 +104,31 @@ class BgeM3Adapter(TextEncoder):
         assert self.sparse_linear is not None, "This is a bug: forward() called before load()"
         batch = collated[0]
         output = self.run(batch.inputs)
+        real = batch.attention_mask.bool()
+        first = torch.zeros_like(real)
+        first[:, 0] = True  # XLM-RoBERTa pads on the right: a row's first position is its CLS
         with torch.inference_mode():
             states = self.states(output)
-            attention = batch.attention_mask.to(states.device)
-            dense = torch.nn.functional.normalize(states[:, 0].float(), dim=-1)
-            weights = torch.relu(self.sparse_linear(states)).squeeze(-1).float()
-            colbert = self.colbert_linear(states[:, 1:]).float()
-            colbert = colbert * attention[:, 1:].unsqueeze(-1).float()
+            dense = torch.nn.functional.normalize(segments.select(states, first, output.packed).float(), dim=-1)
+            weights = torch.relu(self.sparse_linear(segments.select(states, real, output.packed))).squeeze(-1)
+            later = real & ~first
+            colbert = self.colbert_linear(segments.select(states, later, output.packed)).float()
             colbert = torch.nn.functional.normalize(colbert, dim=-1)
-            return M3Output(dense.cpu(), weights.cpu(), colbert.cpu())
+            return M3Output(
+                dense.cpu(),
+                Ragged(weights.float().cpu(), tuple(real.sum(dim=1).tolist())),
+                Ragged(colbert.cpu(), tuple(later.sum(dim=1).tolist())),
+            )
 
     def postprocess(self, collated: tuple[TextBatch, list[frozenset[Output]]], output: M3Output) -> list[Result]:
         batch, wanted = collated
         ids, mask = batch.inputs.input_ids, batch.inputs.attention_mask.astype(bool)
-        dense, weights, colbert = output.dense.numpy(), output.token_weights.numpy(), output.colbert.numpy()
+        dense, weights, colbert = output.dense.numpy(), output.token_weights.rows(), output.colbert.rows()
         results: list[Result] = []
         for row, outputs in enumerate(wanted):
             sparse = None
             if Output.SPARSE in outputs:
-                indices, values = sparse_from_weights(ids[row][mask[row]], weights[row][mask[row]], self.skip)
+                indices, values = sparse_from_weights(ids[row][mask[row]], weights[row], self.skip)
                 assert self.tokenizer is not None
                 tokens = tuple(self.tokenizer.tokenizer.convert_ids_to_tokens(indices.tolist()))
                 sparse = SparseVector(indices, values, tokens)
@@ -125,9 +136,7 @@ class BgeM3Adapter(TextEncoder):
                 Embedding(
                     dense=np.ascontiguousarray(dense[row]) if Output.DENSE in outputs else None,
                     sparse=sparse,
-                    multivector=np.ascontiguousarray(colbert[row][mask[row][1:]])
-                    if Output.MULTIVECTOR in outputs
-                    else None,
+                    multivector=colbert[row] if Output.MULTIVECTOR in outputs else None,
                 )
             )
         return results

@@ -32,9 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_registry.adapters import segments
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextEncoder, load_dense_layer
 from model_registry.adapters.items import embed_item
+from model_registry.adapters.segments import Ragged
 from model_registry.backends.base import EncoderBatch
 from model_registry.detect import DenseLayer, Layout, read_json
 from model_registry.detect import _dense_layer as dense_layer
@@ -254,27 +256,29 @@ class ColbertAdapter(TextEncoder):
         longest = max(len(p.data.ids) for p in items)
         ids = np.full((len(items), longest), self.tokenizer.pad_id, dtype=np.int64)
         attention = np.zeros((len(items), longest), dtype=np.int64)
+        outputs = np.zeros((len(items), longest), dtype=np.int64)
         keep = np.zeros((len(items), longest), dtype=bool)
         for row, p in enumerate(items):
             tokens: ColbertTokens = p.data
             ids[row, : len(tokens.ids)] = tokens.ids
             attention[row, : tokens.attended] = 1
+            outputs[row, : len(tokens.ids)] = 1
             keep[row, : len(tokens.keep)] = tokens.keep
-        return ColbertBatch(EncoderBatch(ids, attention), torch.from_numpy(keep))
+        # Query expansion tokens that the attention does not see still yield vectors.
+        expanded = outputs if any(p.data.attended < len(p.data.ids) for p in items) else None
+        return ColbertBatch(EncoderBatch(ids, attention, output_mask=expanded), torch.from_numpy(keep))
 
-    def forward(self, batch: ColbertBatch) -> torch.Tensor:
+    def forward(self, batch: ColbertBatch) -> Ragged:
+        """The kept tokens' vectors, row after row, from padded or packed states alike."""
         assert self.projection is not None
         output = self.run(batch.inputs)
         with torch.inference_mode():
-            states = self.states(output)
-            vectors = self.projection(states).float()
-            normalised: torch.Tensor = torch.nn.functional.normalize(vectors, p=2, dim=-1).cpu()
-            return normalised
+            states = segments.select(self.states(output), batch.keep, output.packed)
+            vectors = torch.nn.functional.normalize(self.projection(states).float(), p=2, dim=-1).cpu()
+            return Ragged(vectors, tuple(batch.keep.sum(dim=1).tolist()))
 
-    def postprocess(self, batch: ColbertBatch, output: torch.Tensor) -> list[Result]:
-        array = output.numpy()
-        keep = batch.keep.numpy()
-        return [Embedding(multivector=np.ascontiguousarray(array[row][keep[row]])) for row in range(len(array))]
+    def postprocess(self, batch: ColbertBatch, output: Ragged) -> list[Result]:
+        return [Embedding(multivector=row) for row in output.rows()]
 
     def family_facts(self) -> dict[str, Any]:
         s = self.settings

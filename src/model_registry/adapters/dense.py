@@ -14,13 +14,14 @@ import numpy as np
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from model_registry.adapters import segments
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.engines import engine_for
 from model_registry.adapters.pooling import exclude_prompt, pool
 from model_registry.adapters.text import TextTokenizer, Tokens
 from model_registry.backends import create_engine
 from model_registry.backends import torch as backend
-from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
+from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Packed, Task
 from model_registry.backends.choice import Choice
 from model_registry.backends.weights import weight_bytes
 from model_registry.detect import DenseLayer, Layout
@@ -45,6 +46,12 @@ _ACTIVATIONS = {
     "torch.nn.modules.activation.GELU": torch.nn.GELU,
     "torch.nn.modules.activation.Sigmoid": torch.nn.Sigmoid,
 }
+
+#: A padding-free batch is charged its real tokens, but its rows still arrive padded on the host
+#: (ids and masks, (batch, longest)): so it is cut where its padded size would pass this many
+#: times the budget, which keeps those (a few bytes a position) far below what the warm-up batch's
+#: real tokens take on the device (kilobytes a token) however its lengths mix.
+PADDED_SPREAD = 4
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,18 @@ class TextEncoder(Adapter):
         assert self.engine is not None, "This is a bug: forward() called before load()"
         return self.engine.run(inputs)
 
+    @property
+    def padding_free(self) -> bool:
+        """Whether the engine runs this model's batches on their real tokens alone."""
+        return isinstance(self.engine, backend.TorchEngine) and self.engine.kernel is not None
+
+    def batch_cost(self, count: int, longest: int, total: int) -> int:
+        """Padded tokens on a padded engine; real tokens on a padding-free one, its padded size
+        (what the host still lays out) held within `PADDED_SPREAD` budgets."""
+        if not self.padding_free:
+            return count * longest
+        return max(total, -(-count * longest // PADDED_SPREAD))
+
     def states(self, output: EncoderOutput) -> torch.Tensor:
         """The engine's last hidden state as a tensor on the heads' device, in the heads' dtype."""
         return as_tensor(output.hidden, self.head_device).to(self.head_dtype)
@@ -229,6 +248,7 @@ class TextEncoder(Adapter):
         if self.engine is not None:
             engine.update(self.engine.describe())
             engine.setdefault("attention", "padded")  # ONNX Runtime and CTranslate2 run padded batches
+            engine["budget_counts"] = "real_tokens" if self.padding_free else "padded_tokens"
         return {**self.family_facts(), "engine": engine, **self.layout.notes}
 
     def family_facts(self) -> dict[str, Any]:
@@ -327,17 +347,28 @@ class DenseAdapter(TextEncoder):
         output = self.run(batch.inputs)
         with torch.inference_mode():
             states = self.states(output)
-            to = states.device
-            attention, pool_mask = batch.attention_mask.to(to), batch.pool_mask.to(to)
-            if batch.spans:
-                rows, pool_mask = span_rows(batch.spans, attention, pool_mask)
-                states, attention = states[rows], attention[rows]
-            vectors = pool(states, pool_mask, attention, self.layout.pooling)
+            if output.packed is not None:
+                vectors = self.pool_packed(batch, states, output.packed)
+            else:
+                to = states.device
+                attention, pool_mask = batch.attention_mask.to(to), batch.pool_mask.to(to)
+                if batch.spans:
+                    rows, pool_mask = span_rows(batch.spans, attention, pool_mask)
+                    states, attention = states[rows], attention[rows]
+                vectors = pool(states, pool_mask, attention, self.layout.pooling)
             for module in self.head:
                 vectors = module(vectors.to(self.head_dtype)).float()
             if self.layout.normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
             return vectors.float().cpu()
+
+    def pool_packed(self, batch: TextBatch, states: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """Pooling on a padding-free batch's (tokens, hidden) states, per sequence or span."""
+        if not batch.spans:
+            weights = segments.tokens(batch.pool_mask, packed)
+            return segments.pool(states, weights, packed.segments, packed.cu_seqlens, self.layout.pooling)
+        index, rows, weights, cu_seqlens = segments.span_segments(batch.spans, batch.pool_mask, packed)
+        return segments.pool(states[index], weights, rows, cu_seqlens, self.layout.pooling)
 
     def postprocess(self, batch: TextBatch, output: torch.Tensor) -> list[Result]:
         array = np.ascontiguousarray(output.numpy(), dtype=np.float32)

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_registry.adapters import segments
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextBatch, TextEncoder, as_tensor
 from model_registry.adapters.items import embed_item
-from model_registry.backends.base import Task
+from model_registry.backends.base import Packed, Task
 from model_registry.detect import Layout, read_json
 from model_registry.errors import ConfigError
 from model_registry.types import Capability, Embedding, Item, Kind, Output, Prepared, Result, SparseVector
@@ -43,6 +44,24 @@ def splade_pool(logits: torch.Tensor, mask: torch.Tensor, strategy: str = "max")
     torch.log1p_(weights)
     weights.mul_(mask.unsqueeze(-1).to(torch.float32))
     return weights.sum(dim=1) if strategy == "sum" else weights.max(dim=1).values
+
+
+def splade_pool_packed(logits: torch.Tensor, mask: torch.Tensor, packed: Packed, strategy: str = "max") -> torch.Tensor:
+    """`splade_pool` on a padding-free batch: (tokens, vocab) logits of the packed tokens, `mask`
+    (tokens,) -> (batch, vocab), each sequence's segment reduced, a few tokens widened at a time."""
+    step = logits.shape[0] if logits.dtype == torch.float32 else max(1, _WIDENED // max(1, logits.shape[1]))
+    pooled = torch.zeros((packed.cu_seqlens.shape[0] - 1, logits.shape[1]), dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], step):
+        weights = logits[start : start + step].float()
+        torch.relu_(weights)
+        torch.log1p_(weights)
+        weights.mul_(mask[start : start + step].unsqueeze(-1).to(torch.float32))
+        rows = packed.segments[start : start + step]
+        if strategy == "sum":
+            pooled.index_add_(0, rows, weights)
+        else:  # the weights are >= 0, so the zeros it starts from change no maximum
+            pooled.scatter_reduce_(0, rows.unsqueeze(1).expand_as(weights), weights, "amax")
+    return pooled
 
 
 def prune(row: np.ndarray, top_k: int | None, threshold: float) -> np.ndarray:
@@ -91,8 +110,10 @@ class SpladeAdapter(TextEncoder):
         output = self.run(batch.inputs)
         with torch.inference_mode():
             logits = as_tensor(output.logits)
-            mask = batch.attention_mask.to(logits.device)
-            pooled: torch.Tensor = splade_pool(logits, mask, self.strategy).cpu()
+            if output.packed is not None:
+                mask = segments.tokens(batch.attention_mask, output.packed)
+                return splade_pool_packed(logits, mask, output.packed, self.strategy).cpu()
+            pooled: torch.Tensor = splade_pool(logits, batch.attention_mask.to(logits.device), self.strategy).cpu()
             return pooled
 
     def postprocess(self, batch: TextBatch, output: torch.Tensor) -> list[Result]:

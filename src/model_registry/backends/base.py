@@ -51,17 +51,41 @@ class EngineOptions:
 
 @dataclass(frozen=True)
 class EncoderBatch:
-    """A padded batch: (batch, tokens) int64 arrays; `token_type_ids` only where the model has them."""
+    """A padded batch: (batch, tokens) int64 arrays; `token_type_ids` only where the model has them.
+
+    `output_mask` (batch, tokens), where given, marks the positions whose outputs the adapter reads
+    when they reach beyond the attention mask: ColBERT's query expansion tokens, which the
+    attention does not see but which each yield a vector. None: the attention mask's positions."""
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
     token_type_ids: np.ndarray | None = None
+    output_mask: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Where each sequence of a padding-free batch lies in its packed outputs.
+
+    `keep` (batch, tokens) bool, on the host: the positions of the padded batch that were packed
+    (the output mask's, else the attention mask's), taken row by row in order, so that
+    `padded[keep]` gives any (batch, tokens) tensor's values in the packed order; `cu_seqlens`
+    (batch + 1,) int32: row i's tokens are [cu_seqlens[i], cu_seqlens[i + 1]); `segments`
+    (packed tokens,) int64: the row of each token. The last two are on the engine's device."""
+
+    keep: Any
+    cu_seqlens: Any
+    segments: Any
 
 
 @dataclass(frozen=True)
 class EncoderOutput:
     """`hidden`: (batch, tokens, hidden) last hidden state; `logits`: (batch, labels) or
     (batch, tokens, vocab) for the task's head when the engine carries it, else None.
+
+    With `packed` (an engine that ran the batch padding-free), the per-token outputs hold the real
+    tokens alone, concatenated: `hidden` is (packed tokens, hidden) and per-token `logits`
+    (packed tokens, vocab), laid out as `packed` says; per-row logits stay (batch, labels).
 
     On CPU they are numpy arrays. On CUDA they stay on the device, in the engine's own type: a torch
     tensor (torch), an `OrtValue` (ONNX Runtime, DLPack) or a `StorageView` (CTranslate2, the CUDA
@@ -70,6 +94,7 @@ class EncoderOutput:
 
     hidden: Any = None
     logits: Any = None
+    packed: Packed | None = None
 
 
 class Engine(abc.ABC):

@@ -6,10 +6,11 @@ model's own layers run on that row; its attention goes through `attention`, regi
 transformers' `AttentionInterface` under `ATTENTION`, which keeps every token inside its own
 sequence: `torch.nn.attention.varlen.varlen_attn` on CUDA (nothing computed for padding), or, where
 that kernel is missing, SDPA over the whole row with a block-diagonal mask (the same attention,
-used to test the packing on a CPU). The outputs are scattered back to the padded layout, so the
-adapters' pooling and heads see the tensors the padded path gives them.
+used to test the packing on a CPU). The batch is packed on the host, so the device never holds
+its padded layout, and its outputs stay packed: the adapters pool each sequence's segment
+(`adapters.segments`), and a decoder's head reads each sequence's last token.
 
-Outside `packed_forward` a model switched to `ATTENTION` runs exactly as it does on SDPA.
+Outside `forward` a model switched to `ATTENTION` runs exactly as it does on SDPA.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+
+from model_registry.backends.base import Packed
 
 ATTENTION = "padding_free"
 Kernel = Literal["varlen", "sdpa"]
@@ -40,15 +43,19 @@ _POSITION_START: dict[str, int | None] = {
 
 
 @dataclass(frozen=True)
-class Packing:
-    """One packed batch: `keep` (B, L) marks the real tokens of the padded batch, in the order
-    they were packed; `cu_seqlens` (B + 1,) int32 offsets; `segments` (T,) the row of each token."""
+class Packing(Packed):
+    """One packed batch (`Packed`'s layout, T tokens) and what its attention needs: the longest
+    sequence, the kernel and, where some packed tokens are not attended to (ColBERT's query
+    expansion), `keys` (T,) bool marking those that are, with their own offsets `cu_keys`."""
 
     keep: torch.Tensor
     cu_seqlens: torch.Tensor
     segments: torch.Tensor
     max_length: int
     kernel: Kernel
+    keys: torch.Tensor | None = None
+    cu_keys: torch.Tensor | None = None
+    max_keys: int = 0
     masks: dict[tuple[bool, int | None], torch.Tensor] = field(default_factory=dict)
 
 
@@ -76,15 +83,29 @@ def varlen_available() -> bool:
     return True
 
 
-def pack(mask: torch.Tensor, kernel: Kernel) -> Packing:
-    """The packing of a padded batch whose real tokens `mask` (B, L) marks, left or right padded."""
+def pack(
+    mask: torch.Tensor, kernel: Kernel, device: str | torch.device | None = None, attended: torch.Tensor | None = None
+) -> Packing:
+    """The packing of a padded batch whose tokens `mask` (B, L, on the host) marks, left or right
+    padded, with its offsets on `device` (None: the mask's). `attended` (B, L), where given, marks
+    the packed tokens that the attention sees (the others still get outputs)."""
     keep = mask.bool()
-    lengths = keep.sum(dim=1)
-    cu_seqlens = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=mask.device)
-    cu_seqlens[1:] = lengths.cumsum(0)
-    rows = torch.arange(lengths.shape[0], device=mask.device)
-    segments = rows.repeat_interleave(lengths)
-    return Packing(keep, cu_seqlens, segments, int(lengths.max().item()) if len(lengths) else 0, kernel)
+    cu_seqlens, longest = _offsets(keep.sum(dim=1))
+    segments = torch.arange(keep.shape[0]).repeat_interleave(keep.sum(dim=1))
+    to = mask.device if device is None else device
+    if attended is None:
+        return Packing(keep, cu_seqlens.to(to), segments.to(to), longest, kernel)
+    seen = attended.bool() & keep
+    cu_keys, most = _offsets(seen.sum(dim=1))
+    keys = seen[keep].to(to)
+    return Packing(keep, cu_seqlens.to(to), segments.to(to), longest, kernel, keys, cu_keys.to(to), most)
+
+
+def _offsets(lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(B + 1,) int32 offsets of sequences of `lengths`, and the longest."""
+    offsets = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32)
+    offsets[1:] = lengths.cumsum(0)
+    return offsets, int(lengths.max().item()) if len(lengths) else 0
 
 
 def positions(packing: Packing, start: int) -> torch.Tensor:
@@ -95,28 +116,23 @@ def positions(packing: Packing, start: int) -> torch.Tensor:
 
 
 def flatten(values: torch.Tensor, packing: Packing) -> torch.Tensor:
-    """(B, L) padded ids -> (1, T) of the real tokens."""
+    """(B, L) padded ids -> (1, T) of the packed tokens, on the device `values` is on (the host)."""
     return values[packing.keep].unsqueeze(0)
 
 
-def unpack(packed: torch.Tensor, packing: Packing) -> torch.Tensor:
-    """(1, T, X) -> (B, L, X), zeros at the padding."""
-    batch, length = packing.keep.shape
-    out = packed.new_zeros((batch, length, packed.shape[-1]))
-    out[packing.keep] = packed[0]
-    return out
-
-
-def packed_forward(
-    module: Any, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor], start: int, kernel: Kernel
-) -> torch.Tensor:
-    """`module`'s first output for a padded batch, computed on its real tokens alone and given back
-    padded: (B, L, X), zeros at the padding. `module` must run on `ATTENTION` (`switch`)."""
-    packing = pack(mask, kernel)
-    inputs = {name: flatten(value, packing) for name, value in extra.items()}
+def forward(module: Any, packing: Packing, ids: torch.Tensor, extra: dict[str, torch.Tensor], start: int) -> Any:
+    """`module`'s first output for the packed batch, (T, X), from its flattened (1, T) `ids` and
+    `extra` inputs on the device. `module` must run on `ATTENTION` (`switch`)."""
     with _activated(packing):
-        output = module(input_ids=flatten(ids, packing), position_ids=positions(packing, start), **inputs)
-    return unpack(output[0], packing)
+        output = module(input_ids=ids, position_ids=positions(packing, start), **extra)
+    return output[0][0]
+
+
+def last(states: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """(T, X) -> (B, X): each sequence's last token (zeros for an empty one)."""
+    ends = cu_seqlens[1:].long()
+    picked = states[ends - 1]
+    return picked * (ends > cu_seqlens[:-1]).unsqueeze(-1).to(picked.dtype)
 
 
 @contextmanager
@@ -178,6 +194,8 @@ def attention(
     if softcap is not None:
         raise RuntimeError("This is a bug: a model with attention soft-capping was packed")
     causal = bool(getattr(module, "is_causal", False))
+    if causal and packing.keys is not None:
+        raise RuntimeError("This is a bug: a causal model was packed with tokens it does not attend to")
     gqa = query.shape[1] != key.shape[1]
     if packing.kernel == "varlen":
         return _varlen(packing, query, key, value, scaling, causal, sliding_window, gqa), None
@@ -200,14 +218,43 @@ def _varlen(
 ) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
-    left = -1 if window is None else window - 1
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
-    cu, longest = packing.cu_seqlens, packing.max_length
+    cu_k, longest_k = packing.cu_seqlens, packing.max_length
+    if packing.keys is not None:
+        k, v, cu_k, longest_k = _attended(packing, k, v, window)
+        window = None
+    left = -1 if window is None else window - 1
     out = varlen_attn(
-        q, k, v, cu, cu, longest, longest, scale=scaling, window_size=(left, 0 if causal else left), enable_gqa=gqa
+        q,
+        k,
+        v,
+        packing.cu_seqlens,
+        cu_k,
+        packing.max_length,
+        longest_k,
+        scale=scaling,
+        window_size=(left, 0 if causal else left),
+        enable_gqa=gqa,
     )
     assert isinstance(out, torch.Tensor)
     return out.unsqueeze(0)
+
+
+def _attended(
+    packing: Packing, key: torch.Tensor, value: torch.Tensor, window: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The keys and values the attention sees (T', heads, dim), their offsets and longest run.
+
+    The kernel lines a shorter key sequence up with the end of its queries, so a sliding window
+    cannot be kept: it is refused where it would bind (ColBERT's queries are shorter than any)."""
+    if window is not None and window <= packing.max_length:
+        raise RuntimeError(
+            f"a sliding window of {window} tokens cannot be kept for sequences of up to "
+            f"{packing.max_length} tokens that the attention partly ignores (ColBERT query expansion)"
+        )
+    assert packing.keys is not None, "This is a bug: no attended tokens"
+    assert packing.cu_keys is not None, "This is a bug: attended tokens without their offsets"
+    return key[packing.keys], value[packing.keys], packing.cu_keys, packing.max_keys
 
 
 def _block_mask(packing: Packing, causal: bool, window: int | None) -> torch.Tensor:
@@ -224,6 +271,8 @@ def _block_mask(packing: Packing, causal: bool, window: int | None) -> torch.Ten
         mask &= distance >= 0
     if window is not None:
         mask &= distance.abs() < window
+    if packing.keys is not None:
+        mask &= packing.keys.unsqueeze(0)
     packing.masks[(causal, window)] = mask = mask[None, None]
     return mask
 

@@ -235,6 +235,8 @@ class TorchEngine(Engine):
         replayed = self.graphs.run(batch) if self.graphs is not None else None
         if replayed is not None:
             return replayed
+        if self.kernel is not None:
+            return self._run_packed(batch, self.kernel)
         ids = torch.from_numpy(batch.input_ids).to(self.device)
         mask = torch.from_numpy(batch.attention_mask).to(self.device)
         extra = {}
@@ -256,12 +258,35 @@ class TorchEngine(Engine):
         return EncoderOutput(logits=self.model(input_ids=ids, attention_mask=mask, **extra).logits)
 
     def _forward(self, module: Any, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor]) -> Any:
-        """`module`'s first output, padded (B, L, ...), computed padding-free where chosen."""
-        if self.kernel is None:
-            return module(input_ids=ids, attention_mask=mask, **extra)[0]
+        """`module`'s first output for a padded batch: (B, L, ...)."""
+        return module(input_ids=ids, attention_mask=mask, **extra)[0]
+
+    def _run_packed(self, batch: EncoderBatch, kernel: packed.Kernel) -> EncoderOutput:
+        """The forward pass on the batch's real tokens alone (see `backends.packed`), packed on the
+        host so that the device never holds the padded layout; per-token outputs stay packed."""
         start = packed.position_start(self.config)
         assert start is not None, "This is a bug: a model of a family that is not packed runs padding-free"
-        return packed.packed_forward(module, ids, mask, extra, start, self.kernel)
+        attention = torch.from_numpy(batch.attention_mask)
+        if batch.output_mask is None:
+            packing = packed.pack(attention, kernel, self.device)
+        else:
+            packing = packed.pack(torch.from_numpy(batch.output_mask), kernel, self.device, attended=attention)
+        ids = packed.flatten(torch.from_numpy(batch.input_ids), packing).to(self.device)
+        extra = {}
+        if batch.token_type_ids is not None:
+            extra["token_type_ids"] = packed.flatten(torch.from_numpy(batch.token_type_ids), packing).to(self.device)
+        with compute_slot(self.device), torch.inference_mode():
+            if self.task in ("feature-extraction", "masked-lm"):
+                states = packed.forward(self.model, packing, ids, extra, start)
+                if self.task == "masked-lm":
+                    return EncoderOutput(logits=states, packed=packing)
+                return EncoderOutput(hidden=states, packed=packing)
+            if self.task == "sequence-classification" and not self.decoder:
+                raise RuntimeError("This is a bug: an encoder classifier runs padding-free")
+            base = getattr(self.model, self.model.base_model_prefix)
+            last = packed.last(packed.forward(base, packing, ids, {}, start), packing.cu_seqlens)
+            head = self.model.get_output_embeddings() if self.task == "causal-lm" else self.model.score
+            return EncoderOutput(logits=head(last))
 
     def _last_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The base model's hidden state at each row's last real token, left or right padded."""
