@@ -1,7 +1,7 @@
 """Idle single-query latency with CUDA graphs against the eager forward, on a GPU.
 
     .venv/bin/python benchmarks/bench_graphs.py --device cuda [--model DIR | --shape qwen3-0.6b]
-        [--probes 300] [--gap 0.02] [--tokens 12] [--dtype float16] [--no-http] [--json out.json]
+        [--probes 200] [--gap 0.01] [--tokens 12] [--dtype float16] [--no-http] [--json out.json]
 
 One query at a time, `--gap` seconds apart, through the same model loaded twice, with
 `cuda_graphs: false` and `true`, the two alternating query by query so that both meet the same
@@ -47,8 +47,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", type=Path, default=None, help="a model directory (default: the bundled MiniLM)")
     parser.add_argument("--shape", default=None, help="a random-weight model of published shapes: qwen3-0.6b")
-    parser.add_argument("--probes", type=int, default=300)
-    parser.add_argument("--gap", type=float, default=0.02, help="seconds between queries")
+    parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--gap", type=float, default=0.01, help="seconds between queries")
     parser.add_argument("--tokens", type=int, default=12, help="token ids of the in-process query")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--no-http", action="store_true", help="in process only")

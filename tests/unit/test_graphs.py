@@ -4,14 +4,14 @@ padded up to it and cut back, and which models and settings are captured."""
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
 import torch
 
 from model_registry.backends import graphs
-from model_registry.backends.base import EncoderBatch, EncoderOutput
+from model_registry.backends.base import EncoderBatch, EncoderOutput, EngineOptions
 from model_registry.backends.graphs import Bucket
 from model_registry.config import registry_config
 from model_registry.errors import ConfigError, ModelUnavailable
@@ -79,35 +79,43 @@ def config(model_type: str = "bert", **extra: Any) -> Any:
     return SimpleNamespace(model_type=model_type, pad_token_id=0, max_position_embeddings=512, **extra)
 
 
+def options(setting: bool | Literal["auto"] = "auto", **given: Any) -> EngineOptions:
+    return EngineOptions(cuda_graphs=setting, **given)
+
+
 @pytest.mark.parametrize(
-    ("device", "model", "task", "remote", "setting", "reason"),
+    ("device", "model", "given", "reason"),
     [
-        ("cpu", config(), "feature-extraction", False, "auto", "this model runs on cpu"),
-        ("cuda", config("modernbert"), "feature-extraction", False, "auto", "model type 'modernbert' is not captured"),
-        ("cuda", config(auto_map={"AutoModel": "x.Y"}), "feature-extraction", True, "auto", "code of its own"),
-        ("cuda", config(vocab_size=30522), "masked-lm", False, "auto", "30522 vocabulary logits per token"),
+        ("cpu", config(), options(), "this model runs on cpu"),
+        ("cpu", config(), options(True), "this model runs on cpu"),
+        ("cuda", config("modernbert"), options(), "model type 'modernbert' is not captured"),
+        ("cuda", config("modernbert"), options(True), "model type 'modernbert' is not captured"),
+        ("cuda", config(auto_map={"AutoModel": "x.Y"}), options(True, trust_remote_code=True), "code of its own"),
+        ("cuda", config(vocab_size=30522), options(task="masked-lm"), "30522 vocabulary logits per token"),
+        ("cuda", config(), options(quantize="fp8"), "quantize: fp8 is not checked under capture"),
     ],
 )
-def test_models_that_are_not_captured_say_why(
-    device: str, model: Any, task: Any, remote: bool, setting: Any, reason: str
-) -> None:
-    why = graphs.unfit(device, model, task, remote, setting)
+def test_models_that_are_not_captured_say_why(device: str, model: Any, given: EngineOptions, reason: str) -> None:
+    why = graphs.unfit(device, model, given)
     assert why is not None
     assert reason in why
 
 
 @pytest.mark.parametrize(
-    ("model", "task"),
+    ("model", "given"),
     [
-        (config("bert"), "feature-extraction"),
-        (config("xlm-roberta"), "sequence-classification"),
-        (config("qwen3"), "feature-extraction"),
-        (config("qwen2"), "causal-lm"),
-        (config("bert", vocab_size=30522), "masked-lm"),  # asked for with true
+        (config("bert"), options()),
+        (config("roberta"), options(task="sequence-classification")),
+        (config("xlm-roberta"), options()),
+        (config("qwen3"), options()),
+        (config("qwen2"), options(task="causal-lm")),
+        (config("bert", vocab_size=30522), options(True, task="masked-lm")),
+        (config("bert"), options(True, quantize="fp8")),
+        (config("bert"), options(trust_remote_code=True)),  # no code of its own: transformers' BERT
     ],
 )
-def test_the_captured_families_and_tasks_on_cuda(model: Any, task: Any) -> None:
-    assert graphs.unfit("cuda:0", model, task, False, True) is None
+def test_the_captured_families_and_tasks_on_cuda(model: Any, given: EngineOptions) -> None:
+    assert graphs.unfit("cuda:0", model, given) is None
 
 
 def test_true_where_graphs_cannot_run_is_refused_naming_the_setting_and_the_device() -> None:
@@ -115,12 +123,12 @@ def test_true_where_graphs_cannot_run_is_refused_naming_the_setting_and_the_devi
         raise AssertionError("nothing is captured")
 
     with pytest.raises(ModelUnavailable, match=r"cuda_graphs: true cannot be honoured: .*runs on cpu"):
-        graphs.load(True, never, config(), "cpu", "feature-extraction", False)
-    assert graphs.load("auto", never, config(), "cpu", "feature-extraction", False) == (
+        graphs.load(options(True), never, config(), "cpu")
+    assert graphs.load(options(), never, config(), "cpu") == (
         None,
         "CUDA graphs replay on a CUDA device; this model runs on cpu",
     )
-    assert graphs.load(False, never, config(), "cuda", "feature-extraction", False) == (None, "cuda_graphs: false")
+    assert graphs.load(options(False), never, config(), "cuda") == (None, "cuda_graphs: false")
 
 
 def test_the_buckets_of_a_model_follow_its_positions_padding_and_token_types() -> None:

@@ -23,13 +23,13 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
 from model_registry.backends import packed
-from model_registry.backends.base import EncoderBatch, EncoderOutput, Task
+from model_registry.backends.base import EncoderBatch, EncoderOutput, EngineOptions
 from model_registry.devices import compute_slot
 from model_registry.errors import ModelUnavailable
 
@@ -45,8 +45,6 @@ LENGTHS = (16, 32, 64, 128)
 #: (a capture keeps one branch) and that the GPU tests check against eager: BERT, RoBERTa, XLM-R
 #: encoders and Qwen2/Qwen3 decoders.
 FAMILIES = ("bert", "qwen2", "qwen3", "roberta", "xlm-roberta")
-#: What `cuda_graphs` takes: on where it is safe (`auto`), on or refused (True), off (False).
-Setting = bool | Literal["auto"]
 
 #: The forward pass on tensors already on the device: input ids, attention mask, and the other
 #: inputs (token types) -> the task's outputs.
@@ -216,14 +214,13 @@ def _on(device: str) -> Iterator[None]:
         yield
 
 
-def load(
-    setting: Setting, compute: Compute, config: Any, device: str, task: Task, remote_code: bool
-) -> tuple[Graphs | None, str]:
-    """A loaded model's graphs as `setting` asks, or None and why not. `cuda_graphs: true` that
-    cannot be honoured is refused (`ModelUnavailable`), naming what stands in the way."""
+def load(options: EngineOptions, compute: Compute, config: Any, device: str) -> tuple[Graphs | None, str]:
+    """A loaded model's graphs as `options.cuda_graphs` asks, or None and why not. `cuda_graphs: true`
+    that cannot be honoured is refused (`ModelUnavailable`), naming what stands in the way."""
+    setting = options.cuda_graphs
     if setting is False:
         return None, "cuda_graphs: false"
-    why = unfit(device, config, task, remote_code, setting)
+    why = unfit(device, config, options)
     if why is not None:
         if setting is True:
             raise ModelUnavailable(f"cuda_graphs: true cannot be honoured: {why}; set cuda_graphs: auto or false")
@@ -249,19 +246,24 @@ def layout(config: Any) -> tuple[int, int, bool]:
     return longest, pad_id, getattr(config, "type_vocab_size", None) is not None
 
 
-def unfit(device: str, config: Any, task: Task, remote_code: bool, setting: Setting) -> str | None:
-    """Why a model's forward is not captured on `device`, or None where it is."""
+def unfit(device: str, config: Any, options: EngineOptions) -> str | None:
+    """Why a model's forward is not captured on `device`, or None where it is. `auto` also leaves
+    out what a capture runs but the GPU tests do not check, or what costs more memory than it saves."""
     model_type = getattr(config, "model_type", None)
     if not device.startswith("cuda"):
         return f"CUDA graphs replay on a CUDA device; this model runs on {device}"
-    if remote_code and getattr(config, "auto_map", None):
+    if options.trust_remote_code and getattr(config, "auto_map", None):
         return "the model runs code of its own (trust_remote_code), whose control flow a capture cannot check"
     if model_type not in FAMILIES:
         return f"model type '{model_type}' is not captured (captured: {', '.join(FAMILIES)})"
-    if task == "masked-lm" and setting == "auto":
+    if options.cuda_graphs is True:
+        return None
+    if options.task == "masked-lm":
         vocabulary = int(getattr(config, "vocab_size", 0) or 0)
         return (
             f"masked-lm outputs {vocabulary} vocabulary logits per token, which every bucket would keep "
             "in the graphs' memory; cuda_graphs: true captures it anyway"
         )
+    if options.quantize != "none":
+        return f"quantize: {options.quantize} is not checked under capture; cuda_graphs: true captures it anyway"
     return None

@@ -221,9 +221,7 @@ class TorchEngine(Engine):
         )
         if kernel is not None:
             self.use_padding_free(kernel, self.attention_reason)
-        self.graphs, self.graphs_reason = graphs.load(
-            options.cuda_graphs, self._padded, self.config, self.device, self.task, options.trust_remote_code
-        )
+        self.graphs, self.graphs_reason = graphs.load(options, self._padded, self.config, self.device)
 
     def use_padding_free(self, kernel: packed.Kernel, reason: str) -> None:
         """Run this model's batches padding-free on `kernel` ('sdpa' computes the same attention as
