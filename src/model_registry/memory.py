@@ -125,7 +125,7 @@ def _pooled(device: Any) -> int:
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    segments: list[dict[str, Any]] = torch.cuda.memory_snapshot(include_traces=False)  # type: ignore[no-untyped-call]
+    segments: list[dict[str, Any]] = torch.cuda.memory_snapshot()  # type: ignore[no-untyped-call]
     free = 0
     for segment in segments:
         if segment.get("device") == index and tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
