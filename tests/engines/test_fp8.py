@@ -51,9 +51,6 @@ Sts = tuple[list[tuple[str, str, float]], list[str]]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    # transformers' lazy first import is not safe from the two models' load threads at once.
-    from transformers import AutoConfig, AutoModel  # noqa: F401
-
     from infinity_server.app import create_app
     from infinity_server.settings import ServerSettings, Settings
     from model_registry.config import registry_config

@@ -6,6 +6,8 @@ Modules that import torch are imported only when a model of their kind is create
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import threading
 from typing import Any
 
 from model_registry.adapters.base import Adapter, LoadOptions
@@ -77,15 +79,32 @@ FAMILY_FACTORIES: dict[str, str] = {
 }
 
 
+#: Held while a load imports its adapter and, the first time, transformers' model code: transformers'
+#: lazy modules imported from two load threads at once can hand one of them a module half
+#: initialised ("cannot import name 'AutoConfig' from 'transformers'"), the likelier as that import
+#: takes longer (seconds where torchao, the fp8 extra, is installed: transformers imports it then).
+_importing = threading.Lock()
+
+
 def _import(target: str) -> Any:
     module, _, name = target.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
+        with _importing:
+            found = getattr(importlib.import_module(module), name)
+            if importlib.util.find_spec("transformers") is not None:
+                _import_transformers()
+        return found
     except ImportError as error:
         raise ModelUnavailable(
             f"the backend for this model is not installed ({error.name}); install the project with its "
             "'torch' extra: pip install 'infinity-server[torch]'"
         ) from error
+
+
+def _import_transformers() -> None:
+    """transformers' model, configuration and tokenizer code, imported once (after: no-ops)."""
+    import transformers.modeling_utils  # noqa: F401
+    from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: F401
 
 
 def create_adapter(spec: ModelSpec) -> Adapter:
