@@ -11,7 +11,6 @@ as one JSON line (run with -s to see them).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,13 +32,15 @@ LINEAR_LAYERS = 36
 
 def why_not() -> str | None:
     """Why fp8 cannot run here, or None."""
-    if importlib.util.find_spec("torchao") is None:
-        return "torchao is not installed (pip install 'infinity-server[fp8]')"
     if not torch.cuda.is_available():
         return "needs a CUDA device"
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) < (8, 9):
         return f"{torch.cuda.get_device_name()} has compute capability {major}.{minor}; fp8 needs 8.9 or higher"
+    try:
+        import torchao.quantization  # noqa: F401
+    except ImportError as error:
+        return f"torchao does not import ({error}): pip install 'infinity-server[fp8]'"
     return None
 
 
