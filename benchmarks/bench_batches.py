@@ -50,7 +50,7 @@ import httpx
 from lib.clients import bulk
 from lib.datasets import long_documents, sts_sentences
 from lib.engines import BATCH_TOKENS, ENGINES, InProcess, Served
-from lib.machine import cpu_model
+from lib.machine import record_device
 
 HERE = Path(__file__).resolve().parent
 
@@ -133,7 +133,7 @@ def main() -> None:
     if args.workload == "long":
         texts = long_documents(texts, 1024, rng)
     requests = [rng.sample(texts, args.inputs) for _ in range(args.requests)]
-    device = device_name(args.device)
+    device = record_device(args.device)
     # The server imports the hooks (hooks/sitecustomize.py, which imports lib/standin.py) at start.
     paths = [str(HERE / "hooks"), str(HERE), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
@@ -186,15 +186,6 @@ def main() -> None:
                             "server_per_in_process": round(figures["inputs_per_s"] / ceiling, 3),
                         }
                         print(json.dumps(record), flush=True)
-
-
-def device_name(device: str) -> str:
-    """The GPU's name, or the CPU's model, as `docs/runs/` records name the machine."""
-    if device == "cuda":
-        import torch
-
-        return str(torch.cuda.get_device_name(0))
-    return str(cpu_model())
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from lib import shapes
-from lib.machine import cpu_model
+from lib.machine import record_device
 from model_registry.backends.base import EncoderBatch, EngineOptions
 from model_registry.backends.torch import TorchEngine
 
@@ -73,8 +73,7 @@ def main() -> None:
         padded = timed(engine, batch, args.batches)
         engine.use_padding_free("varlen" if engine.device.startswith("cuda") else "sdpa", "benchmark")
         free = timed(engine, batch, args.batches)
-    device = str(torch.cuda.get_device_name(0)) if engine.device.startswith("cuda") else str(cpu_model())
-    common = {"device": device, "model": args.shape or str(directory or "all-MiniLM-L6-v2")}
+    common = {"device": record_device(engine.device), "model": args.shape or str(directory or "all-MiniLM-L6-v2")}
     common |= {"dtype": engine.dtype, "rows": args.rows, "lengths": f"16-{high}"}
     print(json.dumps({**common, "padded_tokens_per_s": round(padded), "padding_free_tokens_per_s": round(free)}))
     print(json.dumps({**common, "comparison": "padding_free_vs_padded", "ratio": round(free / padded, 3)}))

@@ -67,6 +67,15 @@ def gpu() -> str:
     return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}, torch {torch.__version__})"
 
 
+def record_device(device: str) -> str:
+    """The machine as `docs/runs/` records name it: the GPU's name on `cuda`, else the CPU's model."""
+    if device.startswith("cuda"):
+        import torch
+
+        return str(torch.cuda.get_device_name(0))
+    return str(cpu_model())
+
+
 def steal() -> tuple[int, int]:
     """(steal, total) CPU ticks since boot (`/proc/stat`): time the hypervisor gave to others."""
     try:
