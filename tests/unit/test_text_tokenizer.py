@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from model_registry.adapters.text import TextTokenizer
-from model_registry.errors import InputTooLong, InvalidInput
+from model_registry.errors import ConfigError, InputTooLong, InvalidInput
 from tests.builders.text import tiny_bert
 
 LIMIT = 16
@@ -130,3 +130,29 @@ def test_a_request_limit_refuses_a_longer_text_without_truncation_and_needs_room
         tokenizer.cap(2)
     with pytest.raises(InputTooLong, match="input 1 has 5 tokens, more than the request's token limit of 3"):
         tokenizer.check_ids([5, 6, 7, 8, 9], False, 1, 3)
+
+
+@pytest.mark.parametrize(
+    ("family", "table", "usable"),
+    [("bert", 64, 64), ("xlm-roberta", 66, 64), ("roberta", 66, 64)],
+)
+def test_max_length_past_the_position_table_is_refused_at_load(
+    directory: Path, family: str, table: int, usable: int
+) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(
+        family, vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=table, pad_token_id=1,
+    )  # fmt: skip
+    model = AutoModel.from_config(config).eval()
+    ids = torch.full((1, usable), 5)
+    with torch.no_grad():
+        model(input_ids=ids)  # the longest input the table takes
+        with pytest.raises((IndexError, RuntimeError)):
+            model(input_ids=torch.full((1, usable + 1), 5))
+    assert TextTokenizer(directory, max_length=usable, config=config).max_length == usable
+    with pytest.raises(ConfigError, match=f"max_length {usable + 1} is more than the {usable} positions"):
+        TextTokenizer(directory, max_length=usable + 1, config=config)
+    assert TextTokenizer(directory, max_length=None, config=config).max_length <= usable

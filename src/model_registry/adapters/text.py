@@ -13,10 +13,24 @@ from typing import Any, cast
 
 import numpy as np
 
-from model_registry.errors import InputTooLong, InvalidInput
+from model_registry.errors import ConfigError, InputTooLong, InvalidInput
 from model_registry.types import Token
 
 _UNBOUNDED = 1_000_000
+#: Families whose position ids start after the padding id, as RoBERTa's do: their table holds
+#: `pad_token_id + 1` fewer usable positions than its size.
+_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer"})
+
+
+def usable_positions(config: Any) -> int | None:
+    """How many tokens the model's position table can take, where its config says."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0 or positions >= _UNBOUNDED:
+        return None
+    if getattr(config, "model_type", None) in _OFFSET_POSITIONS:
+        pad = getattr(config, "pad_token_id", None)
+        positions -= (pad if isinstance(pad, int) else 1) + 1
+    return positions
 
 
 def _fixed_copy(tokenizer: Any, max_length: int | None, strategy: str = "longest_first") -> Any:
@@ -82,10 +96,17 @@ class TextTokenizer:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        positions = usable_positions(config)
+        if max_length and positions and max_length > positions:
+            # Past its position table the model fails every longer batch, or reads positions it
+            # never learnt: refused at load rather than answered with 500s.
+            raise ConfigError(
+                f"max_length {max_length} is more than the {positions} positions this model's "
+                f"{getattr(config, 'model_type', 'encoder')} config gives; set max_length to {positions} or less"
+            )
         limits = [max_length] if max_length else []
         if not limits:
             model_max = getattr(self.tokenizer, "model_max_length", None)
-            positions = getattr(config, "max_position_embeddings", None)
             limits = [n for n in (model_max, positions) if isinstance(n, int) and 0 < n < _UNBOUNDED]
         self.max_length = min(limits) if limits else 512
         self.do_lower_case = do_lower_case
