@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -298,7 +300,7 @@ class Lifecycle:
         """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a
         timeout, the memory `loading` was charged stays charged (to the device, not to the
         model) until the thread has finished and whatever it loaded is unloaded."""
-        work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        work = on_own_thread(fn, *args)
         try:
             return await asyncio.wait_for(asyncio.shield(work), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
@@ -504,3 +506,34 @@ class Lifecycle:
         self.pinned_tried.clear()
         for handle in self.handles.values():
             await self.unload(handle)
+
+
+def on_own_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """`fn(*args)` on a thread of its own, which ends with it.
+
+    A load runs torch's parallel operators, and the OpenMP pool they start belongs to the calling
+    thread for as long as it lives. A pool kept beside the forward thread's own means more OpenMP
+    threads than cores, and libgomp then stops its threads spinning between operators: on 2 cores
+    every later forward pass took 1.3x as long. A thread that ends takes its pool with it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()  # as `asyncio.to_thread` hands the caller's on
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (context.run(fn, *args), None)
+        except BaseException as error:  # handed to the awaiting task, as `asyncio.to_thread` does
+            outcome = (None, error)
+        with contextlib.suppress(RuntimeError):  # the loop closed while this ran: nobody waits
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name=f"load-{getattr(fn, '__name__', 'work')}", daemon=True).start()
+    return future
