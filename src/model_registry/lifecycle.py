@@ -228,8 +228,12 @@ class Lifecycle:
             )
             return
         handle.state, handle.failed_at = ModelState.FAILED, time.monotonic()
+        limit = self.config.load_timeout
         if isinstance(error, asyncio.TimeoutError):
-            handle.error = f"loading took longer than {self.config.load_timeout:g}s"
+            handle.error = f"loading took longer than {limit:g}s"
+        elif handle.load_started is not None and handle.failed_at >= handle.load_started + limit:
+            # A step that gave up at the deadline itself (a build stopped then): a timeout too.
+            handle.error = f"loading took longer than {limit:g}s: {handle.error}"
         log.error("model '%s' failed to load: %s", handle.spec.name, handle.error)
         self._emit(
             LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
@@ -512,9 +516,10 @@ def on_own_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
     """`fn(*args)` on a thread of its own, which ends with it.
 
     A load runs torch's parallel operators, and the OpenMP pool they start belongs to the calling
-    thread for as long as it lives. A pool kept beside the forward thread's own means more OpenMP
-    threads than cores, and libgomp then stops its threads spinning between operators: on 2 cores
-    every later forward pass took 1.3x as long. A thread that ends takes its pool with it."""
+    thread for as long as it lives. A pool kept beside the one that computes (`devices.torch_thread`)
+    means more OpenMP threads than cores, and libgomp then stops its threads spinning between
+    operators: on 2 cores every later forward pass took 1.3x as long. A thread that ends takes its
+    pool with it."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
     context = contextvars.copy_context()  # as `asyncio.to_thread` hands the caller's on

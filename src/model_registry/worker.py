@@ -10,7 +10,8 @@ bookkeeping, so that the event loop it woke answers without waiting for the inte
 running a prefetched batch the forward thread checks it is still the right one: if a request of a
 higher priority arrived meanwhile, or some of its requests were cancelled, the live entries go
 back to the queue and a fresh batch is taken. A failure in any stage fails exactly the requests of
-that batch with `BatchFailed`; the threads keep serving.
+that batch with `BatchFailed`; the threads keep serving. A torch model on the CPU hands its forward
+pass and postprocess to the CPU's one torch thread (`devices.torch_thread`) and waits for them.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def side_thread() -> None:
 
     Each thread that runs a parallel operator keeps an OpenMP pool of its own; with more pool
     threads than cores, libgomp stops them spinning between operators, and the forward passes of
-    every model slow down (1.3x on 2 cores). The forward thread's pool is the one that needs the
-    cores; resizing an image or stacking a batch here does not."""
+    every model slow down (1.3x on 2 cores). The pool that computes (`devices.torch_thread`'s on
+    a CPU) is the one that needs the cores; resizing an image or stacking a batch does not."""
     from model_registry.backends import torch as torch_backend
 
     try:
@@ -159,7 +160,10 @@ class Worker:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy = False
-        self._gate = devices.gate(devices.memory_device(adapter.device or "cpu"))
+        device = devices.memory_device(adapter.device or "cpu")
+        self._gate = devices.gate(device)
+        # Every torch model on the CPU computes on one thread: one OpenMP pool in the process.
+        self._shared = devices.torch_thread() if adapter.backend == "torch" and device == "cpu" else None
         batches.on_put = self._work_arrived
 
     def start(self) -> None:
@@ -200,6 +204,8 @@ class Worker:
             self.adapter.on_forward_thread()
         except Exception:  # a setting of the thread, not a reason to stop serving
             log.exception("model '%s': setting up its forward thread failed; it runs without that", self.name)
+        if self._shared is not None:
+            side_thread()  # its torch work runs on the shared thread; what is left here is collating
         self._supervise(self._forward_once)
 
     def _collate_thread(self) -> None:
@@ -279,10 +285,10 @@ class Worker:
         started, forward_start = time.perf_counter(), time.time()
         failed = False
         try:
-            with self._gate.shared():  # a load measuring its peak on this device runs alone
-                output = self.adapter.forward(collated)
-            forward_end = time.time()
-            results = self.adapter.postprocess(collated, output)
+            if self._shared is None:
+                results, forward_end = self._compute(collated)
+            else:
+                results, forward_end = self._shared.call(lambda: self._compute(collated))
             if len(results) != len(batch.entries):
                 raise RuntimeError(
                     f"This is a bug: {type(self.adapter).__name__}.postprocess returned {len(results)} "
@@ -304,6 +310,13 @@ class Worker:
             tokens = sum(e.prepared.tokens for e in batch.entries)
             capacity = self.batches.max_batch_tokens
             self._on_batch(BatchStats(self.name, len(batch.entries), batch.cost, tokens, seconds, failed, capacity))
+
+    def _compute(self, collated: Any) -> tuple[Sequence[Any], float]:
+        """The forward pass and the heads: the results, and when the forward pass ended."""
+        with self._gate.shared():  # a load measuring its peak on this device runs alone
+            output = self.adapter.forward(collated)
+        forward_end = time.time()
+        return self.adapter.postprocess(collated, output), forward_end
 
     def _pause(self) -> None:
         """With nothing else to run, let the event loop answer first: the bookkeeping after a batch

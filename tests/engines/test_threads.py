@@ -277,8 +277,8 @@ def test_a_model_with_small_heads_on_a_converting_engine_runs_torch_alone_on_its
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, backend: str, alone: bool
 ) -> None:
     """Dense on ONNX Runtime or CTranslate2: one torch thread where the batches run (its pool's
-    other threads would spin beside the engine's). On torch, and for SPLADE's vocabulary-wide
-    head, the forward thread keeps the pool."""
+    other threads would spin beside the engine's). On torch (the CPU's torch thread), and for
+    SPLADE's vocabulary-wide head, the thread that runs the batches keeps the pool."""
     import torch
 
     from model_registry import Registry
@@ -286,13 +286,13 @@ def test_a_model_with_small_heads_on_a_converting_engine_runs_torch_alone_on_its
 
     pool = openmp_pool_of_two_or_more()
     counts: list[int] = []
-    run = Worker._run
+    compute = Worker._compute
 
-    def recording(self: Worker, *args: Any) -> None:
-        counts.append(torch.get_num_threads())
-        run(self, *args)
+    def recording(self: Worker, collated: Any) -> Any:
+        counts.append(torch.get_num_threads())  # on the thread that runs the batch
+        return compute(self, collated)
 
-    monkeypatch.setattr(Worker, "_run", recording)
+    monkeypatch.setattr(Worker, "_compute", recording)
     builder, kind, _, _ = FAMILIES[family]
     model = {"name": "m", "source": str(builder(tmp_path / family)), "kind": kind, "backend": backend, "device": "cpu"}
     outputs = ["sparse"] if family == "splade" else ["dense"]

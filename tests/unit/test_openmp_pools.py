@@ -1,14 +1,15 @@
-"""One OpenMP pool per forward thread: loads run on threads that end with them, and the prepare and
-collate threads run torch's operators on one thread.
+"""One OpenMP pool in the process: every torch model on the CPU computes on one thread, loads run
+on threads that end with them, and the prepare and collate threads run torch on one thread.
 
 Every thread that runs a parallel torch operator keeps a pool of its own for as long as it lives;
 with more pool threads than cores, libgomp stops them spinning between operators and every
-forward pass slows down (`lifecycle.on_own_thread`, `worker.side_thread`)."""
+forward pass slows down (`devices.torch_thread`, `lifecycle.on_own_thread`, `worker.side_thread`)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +18,12 @@ import torch
 from model_registry import Registry
 from model_registry import worker as worker_module
 from model_registry.adapters.fake import FakeAdapter
+from model_registry.errors import BatchFailed
 from model_registry.lifecycle import on_own_thread
 from model_registry.types import EmbedItem, Text
 from model_registry.worker import PrepareStage, side_thread
-from tests.unit.test_registry import adapter_of, collating_threads, fake
+from tests.builders.text import tiny_bert
+from tests.unit.test_registry import adapter_of, collating_threads, fake, vectors
 
 
 def torch_threads_on_a_new_thread(setup: Any = None) -> int:
@@ -96,14 +99,15 @@ async def test_a_models_load_runs_on_a_thread_that_has_ended_once_it_is_served(m
         await registry.embed("fake", ["after the load"])
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread is already the most a thread takes")
 def test_side_threads_run_torch_on_one_thread_and_others_keep_the_pool() -> None:
-    assert torch_threads_on_a_new_thread() == torch.get_num_threads()
+    if torch_threads_on_a_new_thread() < 2:
+        pytest.skip("one thread is already the most a new thread takes")
     assert torch_threads_on_a_new_thread(side_thread) == 1
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread is already the most a thread takes")
 async def test_prepare_threads_run_torch_on_one_thread() -> None:
+    if torch_threads_on_a_new_thread() < 2:
+        pytest.skip("one thread is already the most a new thread takes")
     adapter = FakeAdapter({})
     counts: list[int] = []
     original = adapter.prepare
@@ -134,3 +138,68 @@ async def test_the_collate_thread_is_set_up_as_a_side_thread(monkeypatch: pytest
     assert "fake-collate" in collating
     assert "fake-collate" in set_up
     assert "fake-forward" not in set_up
+
+
+async def test_every_torch_model_on_the_cpu_computes_on_one_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model_registry.adapters.dense import DenseAdapter
+
+    ran: list[tuple[str, str]] = []
+    forward, postprocess = DenseAdapter.forward, DenseAdapter.postprocess
+
+    def recording_forward(self: DenseAdapter, batch: Any) -> Any:
+        ran.append(("forward", threading.current_thread().name))
+        return forward(self, batch)
+
+    def recording_postprocess(self: DenseAdapter, batch: Any, output: Any) -> Any:
+        ran.append(("postprocess", threading.current_thread().name))
+        return postprocess(self, batch, output)
+
+    monkeypatch.setattr(DenseAdapter, "forward", recording_forward)
+    monkeypatch.setattr(DenseAdapter, "postprocess", recording_postprocess)
+    models = [
+        {
+            "name": name,
+            "source": str(tiny_bert(tmp_path / name, seed=seed)),
+            "backend": "torch",
+            "device": "cpu",
+            "pin": True,
+        }
+        for name, seed in (("first", 0), ("second", 1))
+    ]
+    async with Registry.from_config({"models": [*models, fake()]}) as registry:
+        ran.clear()  # the loads' warm-up ran on their own threads
+        first, second = await asyncio.gather(
+            registry.embed("first", ["a cat sat on the mat"]), registry.embed("second", ["a dog ran"])
+        )
+        assert ran
+        assert {thread for _, thread in ran} == {"cpu-torch"}
+        assert {step for step, _ in ran} == {"forward", "postprocess"}
+        assert len(vectors(first)) == 1
+        assert len(vectors(second)) == 1
+
+
+async def test_a_failing_batch_on_the_shared_thread_fails_only_its_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model_registry.adapters.dense import DenseAdapter
+
+    forward = DenseAdapter.forward
+
+    def failing(self: DenseAdapter, batch: Any) -> Any:
+        if getattr(self, "broken", False):
+            raise RuntimeError(f"injected failure on {threading.current_thread().name}")
+        return forward(self, batch)
+
+    monkeypatch.setattr(DenseAdapter, "forward", failing)
+    models = [
+        {"name": name, "source": str(tiny_bert(tmp_path / name)), "backend": "torch", "device": "cpu", "pin": True}
+        for name in ("broken", "healthy")
+    ]
+    async with Registry.from_config({"models": models}) as registry:
+        registry._handles["broken"].adapter.broken = True  # type: ignore[union-attr]
+        with pytest.raises(BatchFailed, match="injected failure on cpu-torch"):
+            await registry.embed("broken", ["a text"])
+        answered = await registry.embed("healthy", ["a text"])
+        assert len(vectors(answered)) == 1
