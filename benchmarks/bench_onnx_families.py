@@ -1,12 +1,13 @@
 """torch against ONNX Runtime (fp32 and int8), family by family, in process, on this machine.
 
-    python benchmarks/bench_onnx_families.py [--families modernbert,nomic_bert,qwen3,gemma3_text]
-        [--rounds 5] [--work DIR] [--json out.json]
+    python benchmarks/bench_onnx_families.py [--families modernbert,nomic_bert,qwen3,gemma3_text,
+        jina_embeddings_v3] [--rounds 5] [--work DIR] [--json out.json]
 
 Each architecture is built at the size of its smallest published embedder, with random weights
 (speed does not depend on their values): ModernBERT-base (gte-modernbert-base,
-modernbert-embed-base), nomic-embed-text-v1.5, Qwen3-Embedding-0.6B and EmbeddingGemma-300m, their
-shapes written out below. Each is exported once into `--work` (kept between runs), then every
+modernbert-embed-base), nomic-embed-text-v1.5, Qwen3-Embedding-0.6B, EmbeddingGemma-300m and
+jina-embeddings-v3 (its five task adapters beside the weights, every batch run with the first),
+their shapes written out below. Each is exported once into `--work` (kept between runs), then every
 engine runs two batches of random token ids: `short`, 16 sentences of 8-24 tokens, and `long`, 2
 documents of 256 tokens; a decoder's rows are padded on the left. The rounds alternate the
 engines so that each meets the same machine. Prints a JSON record per family, engine and batch,
@@ -67,8 +68,33 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
             "use_bidirectional_attention": True,
         },
     ),
+    # jina-embeddings-v3 as its view lays it out: the port's weights, the five task adapters apart
+    "jina_embeddings_v3": (
+        "JinaEmbeddingsV3Config",
+        {
+            "vocab_size": 250002,
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "max_position_embeddings": 8194,
+            "pad_token_id": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 20000.0},
+            "lora_adaptations": [
+                "retrieval.query",
+                "retrieval.passage",
+                "separation",
+                "classification",
+                "text-matching",
+            ],
+            "lora_rank": 4,
+            "lora_alpha": 1,
+        },
+    ),
 }
 DECODERS = frozenset({"qwen3"})
+#: Architectures whose batches run with a task adapter (the first task's, on every engine).
+ADAPTED = frozenset({"jina_embeddings_v3"})
 ENGINES = ("torch", "onnx-fp32", "onnx-int8")
 
 
@@ -85,11 +111,39 @@ def build(architecture: str, work: Path) -> Path:
     config = getattr(transformers, name)(**shape)
     model = transformers.AutoModel.from_config(config).eval()
     model.save_pretrained(directory)
+    if architecture in ADAPTED:
+        save_adapters(model, directory)
     return directory
 
 
-def batch(rows: int, low: int, high: int, left: bool, seed: int = 0) -> EncoderBatch:
-    """Random ids in [10, 1000), `rows` of `low`-`high` real tokens, padded on `left` or right."""
+def save_adapters(model: Any, directory: Path) -> None:
+    """Random task adapters for every layer of the port, under the published checkpoint's names."""
+    import torch
+    from safetensors.torch import save_file
+
+    from model_registry.backends.base import LORA_FILE
+
+    config = model.config
+    tasks, rank, hidden = len(config.lora_adaptations), config.lora_rank, config.hidden_size
+    shapes = {"mixer.Wqkv": (hidden, 3 * hidden), "mixer.out_proj": (hidden, hidden)}
+    shapes |= {"mlp.fc1": (hidden, config.intermediate_size), "mlp.fc2": (config.intermediate_size, hidden)}
+    factors = {
+        f"embeddings.{name}": ((tasks, rows, rank), (tasks, rank, hidden))
+        for name, rows in (("word_embeddings", config.vocab_size), ("token_type_embeddings", config.type_vocab_size))
+    }
+    for i in range(config.num_hidden_layers):
+        factors |= {f"encoder.layers.{i}.{n}": ((tasks, rank, a), (tasks, b, rank)) for n, (a, b) in shapes.items()}
+    prefix, suffix = "roberta.", ".parametrizations.weight.0.lora_"
+    tensors = {}
+    for layer, (a, b) in factors.items():
+        tensors[f"{prefix}{layer}{suffix}A"] = torch.randn(a) * 0.01
+        tensors[f"{prefix}{layer}{suffix}B"] = torch.randn(b) * 0.01
+    save_file(tensors, str(directory / LORA_FILE))
+
+
+def batch(rows: int, low: int, high: int, left: bool, seed: int = 0, task: int | None = None) -> EncoderBatch:
+    """Random ids in [10, 1000), `rows` of `low`-`high` real tokens, padded on `left` or right;
+    `task`: the task adapter it runs with."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(low, high + 1, size=rows)
     width = int(lengths.max())
@@ -99,10 +153,11 @@ def batch(rows: int, low: int, high: int, left: bool, seed: int = 0) -> EncoderB
         span = slice(width - length, width) if left else slice(0, length)
         ids[row, span] = rng.integers(10, 1000, size=length)
         mask[row, span] = 1
-    return EncoderBatch(ids, mask)
+    return EncoderBatch(ids, mask, task_id=task)
 
 
 def load(engine: str, directory: Path, work: Path) -> Engine:
+    from model_registry.backends.base import LORA_FILE
     from model_registry.backends.onnx import OnnxEngine
     from model_registry.backends.torch import TorchEngine
 
@@ -110,6 +165,12 @@ def load(engine: str, directory: Path, work: Path) -> Engine:
     quantize = "int8" if engine == "onnx-int8" else "none"
     started = time.monotonic()
     loaded.load(directory, EngineOptions(device="cpu", quantize=quantize, cache_dir=str(work / "cache")))
+    if isinstance(loaded, TorchEngine) and (directory / LORA_FILE).is_file():
+        from model_registry.backends import lora
+
+        tasks, rank, alpha = lora.settings(loaded.model.config.to_dict())
+        factors = lora.read_factors(directory / LORA_FILE)
+        lora.install(loaded.model, factors, (len(tasks), rank), alpha / rank).task = 0
     print(f"# {directory.name} on {engine}: loaded in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return loaded
 
@@ -123,8 +184,8 @@ def seconds(engine: Engine, inputs: EncoderBatch) -> float:
 def measure(architecture: str, work: Path, rounds: int) -> dict[str, dict[str, list[float]]]:
     """engine -> batch -> seconds per round, the engines alternating within each round."""
     directory = build(architecture, work)
-    left = architecture in DECODERS
-    batches = {"short": batch(16, 8, 24, left), "long": batch(2, 256, 256, left)}
+    left, task = architecture in DECODERS, 0 if architecture in ADAPTED else None
+    batches = {"short": batch(16, 8, 24, left, task=task), "long": batch(2, 256, 256, left, task=task)}
     engines = {name: load(name, directory, work) for name in ENGINES}
     for engine in engines.values():
         for inputs in batches.values():

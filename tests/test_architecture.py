@@ -251,6 +251,7 @@ def test_torch_is_imported_only_by_its_engine_and_the_adapters_that_need_it() ->
         "model_registry/backends/packed.py",  # the engine's padding-free batches
         "model_registry/backends/graphs.py",  # the engine's CUDA graphs
         "model_registry/backends/fp8.py",  # the engine's fp8 layers, torch imported by the load that asks
+        "model_registry/backends/lora.py",  # task adapters on the engine's layers and in an export
         "model_registry/backends/onnx_export.py",  # exporting to ONNX traces the torch model
         "model_registry/memory.py",  # CUDA memory probing, imported only when CUDA is asked about
         "model_registry/devices.py",  # whether there is a CUDA device, asked only for `device: auto`

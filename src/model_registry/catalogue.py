@@ -187,7 +187,8 @@ _RECORDS: tuple[Record, ...] = (
         architecture="jina_embeddings_v3",
         note="XLM-R with LoRA task adapters (XLMRobertaLoRA) served by transformers' native jina_embeddings_v3 "
         "port, no remote code needed; `task` per request (retrieval.query, retrieval.passage, separation, "
-        "classification, text-matching), `options.default_task` for requests that name none",
+        "classification, text-matching), `options.default_task` for requests that name none; torch or ONNX "
+        "Runtime (the adapters in the graph)",
     ),
     Record(
         "lightonai/GTE-ModernColBERT-v1",

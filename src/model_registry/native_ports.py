@@ -18,7 +18,8 @@ parametrization: `<layer>.parametrizations.weight.original` beside the task adap
 `<layer>.parametrizations.weight.0.lora_A` and `lora_B`. Its view holds the config in
 `jina_embeddings_v3`'s terms and, written at the first load, the base weights under the names
 that port renames at load and the LoRA factors apart in `lora.safetensors`
-(`adapters/jina_lora.py` applies them per task).
+(`backends/lora.py` applies them per task). The view leaves out the checkpoint's own ONNX
+graphs, which select tasks by their own convention; ONNX Runtime runs an export of the view.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from model_registry.backends.base import LORA_FILE
 from model_registry.backends.cache import cache_root
 from model_registry.errors import ModelUnavailable
 
@@ -62,7 +64,6 @@ _JINA_FIXED = {"position_embedding_type": "rotary"}
 _JINA_DROPPED = ("auto_map", "rotary_emb_base", "use_flash_attn", "position_embedding_type")
 _PARAMETRIZED = ".parametrizations.weight."
 #: Files of the view written from the checkpoint's weights: the base, and the task adapters.
-LORA_FILE = "lora.safetensors"
 _WEIGHTS = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
 #: The view's link to the checkpoint's directory, whose weights `jina_weights` splits.
@@ -154,7 +155,8 @@ def port_directory(directory: Path, config: dict[str, Any]) -> tuple[Path, dict[
     translated = jina_config(config) if jina else gte_config(config)
     text = json.dumps(translated, indent=2, sort_keys=True)
     weights = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in _weight_files(directory))
-    identity = "\n".join([str(directory.resolve()), text, *(weights if jina else ())])
+    # "split:2" names this view's layout (ONNX graphs left out) apart from views laid out otherwise.
+    identity = "\n".join([str(directory.resolve()), text, *(["split:2", *weights] if jina else ())])
     view = cache_root(None) / _VIEWS / hashlib.sha256(identity.encode()).hexdigest()[:20]
     if not (view / "config.json").is_file():
         _write_view(directory, view, text, jina)
@@ -233,11 +235,12 @@ def _save_whole(tensors: dict[str, Any], path: Path) -> None:
 
 def _write_view(directory: Path, view: Path, config_text: str, split: bool = False) -> None:
     """Links to every entry of `directory` but config.json, written whole then renamed into place.
-    With `split`, the weight files are left out for `jina_weights` and the directory linked as
-    the view's source."""
+    With `split`, the weight files are left out for `jina_weights`, the ONNX graphs too, and the
+    directory linked as the view's source."""
     view.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=view.parent, prefix=".staging-"))
-    skipped = {"config.json"} | ({p.name for p in _weight_files(directory)} | {_INDEX} if split else set())
+    split_out = {p.name for p in _weight_files(directory)} | {_INDEX, "onnx"}
+    skipped = {"config.json"} | (split_out if split else set())
     try:
         for entry in directory.iterdir():
             if entry.name not in skipped:

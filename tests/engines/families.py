@@ -14,6 +14,7 @@ from tests.builders.catalogue import (
     tiny_modernbert_embedder,
     tiny_nomic,
 )
+from tests.builders.jina import tiny_jina_v3_hf
 from tests.builders.text import tiny_bert
 from tests.builders.wide import wide_embeddinggemma, wide_qwen3_embedding
 from tests.builders.zoo import (
@@ -56,7 +57,8 @@ FAMILIES: dict[str, tuple[Callable[[Path], Path], str, Callable[[], list[Item]],
 }
 
 #: The architectures beyond the BERT family that ONNX Runtime serves (ModernBERT, nomic_bert, Qwen3,
-#: Gemma 3), each family in its published layout: family -> (builder, kind, items, architecture).
+#: Gemma 3, jina-embeddings-v3's port), each family in its published layout:
+#: family -> (builder, kind, items, architecture).
 #: CTranslate2 converts none of them.
 MODERN: dict[str, tuple[Callable[[Path], Path], str, Callable[[], list[Item]], str]] = {
     "gte-modernbert": (tiny_gte_modernbert, "auto", embed_items, "modernbert"),
@@ -66,4 +68,5 @@ MODERN: dict[str, tuple[Callable[[Path], Path], str, Callable[[], list[Item]], s
     "nomic": (tiny_nomic, "auto", _prompted(NOMIC_PROMPTS), "nomic_bert"),
     "qwen3-embedding": (wide_qwen3_embedding, "auto", embed_items, "qwen3"),
     "embeddinggemma": (wide_embeddinggemma, "auto", _prompted(GEMMA_PROMPTS), "gemma3_text"),
+    "jina-v3-hf": (tiny_jina_v3_hf, "auto", embed_items, "jina_embeddings_v3"),
 }

@@ -1,7 +1,8 @@
-"""ModernBERT, nomic_bert, Qwen3 and Gemma 3 on ONNX Runtime, each family in its published layout:
-fp32 equals the torch engine within 1e-4 and a batch equals its items one by one; int8 keeps
-every vector's direction; the export is cached and keyed by its options as the BERT family's is;
-what the engine does not run stops the server at start, naming the engine that does.
+"""ModernBERT, nomic_bert, Qwen3, Gemma 3 and jina-embeddings-v3's port on ONNX Runtime, each
+family in its published layout: fp32 equals the torch engine within 1e-4 and a batch equals its
+items one by one; int8 keeps every vector's direction; the export is cached and keyed by its
+options as the BERT family's is; what the engine does not run stops the server at start, naming
+the engine that does.
 
 Each model is exported once into a module-wide cache; int8 quantizes that export.
 """
@@ -35,7 +36,7 @@ TOLERANCE = 1e-4
 INT8_MEAN, INT8_WORST = 0.99, 0.98
 #: One family per architecture.
 ARCHITECTURES = {"modernbert": "gte-modernbert", "nomic_bert": "nomic", "qwen3": "qwen3-embedding"}
-ARCHITECTURES["gemma3_text"] = "embeddinggemma"
+ARCHITECTURES |= {"gemma3_text": "embeddinggemma", "jina_embeddings_v3": "jina-v3-hf"}
 
 
 class Built(dict[str, Path]):
@@ -208,7 +209,7 @@ def test_each_family_on_onnx_serves_transformers_vectors_over_http(serve: Any, m
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "family", ["gte-modernbert", "modernbert-reranker", "modern-colbert", "nomic", "qwen3-embedding"]
+    "family", ["gte-modernbert", "modernbert-reranker", "modern-colbert", "nomic", "qwen3-embedding", "jina-v3-hf"]
 )
 def test_on_cuda_in_float16_each_family_matches_torch(models: Built, tmp_path: Path, family: str) -> None:
     """The float16 path BERT takes on CUDA, against torch in float32 on the CPU, batched and one by
@@ -282,6 +283,15 @@ AUTO = [
         f"no engine measured faster than torch for 'modernbert' on {AVX2}",
     ),
     ("cpu/avx2", "dense", "qwen3", "none", "torch", f"measured faster than torch for 'qwen3' on {AVX2} in fp32"),
+    (
+        "cpu/avx2",
+        "dense",
+        "jina_embeddings_v3",
+        "none",
+        "torch",
+        f"no engine measured faster than torch for 'jina_embeddings_v3' on {AVX2} in fp32",
+    ),
+    ("cpu/avx2", "dense", "jina_embeddings_v3", "int8", "onnx", f"for dense 'jina_embeddings_v3' on {AVX2} in int8"),
     ("cpu/avx512_vnni", "dense", "nomic_bert", "none", "torch", "engines not measured for 'nomic_bert' on an AVX-512"),
     ("cuda", "dense", "gemma3_text", "none", "torch", "engines not measured for 'gemma3_text' on CUDA in float16"),
     ("cpu/avx2", "dense", "gemma3_text", "int8", "onnx", f"for dense 'gemma3_text' on {AVX2} in int8"),

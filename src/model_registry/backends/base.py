@@ -28,6 +28,12 @@ BACKENDS = ("torch", "onnx", "ctranslate2")
 QUANTIZE = ("none", "int8", "fp8")
 
 
+#: The input of a graph that selects the batch's task adapter (`EncoderBatch.task_id`), and the
+#: file of a model's directory that holds the adapters' factors (`lora.py`).
+TASK_INPUT = "task_id"
+LORA_FILE = "lora.safetensors"
+
+
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     """How to load: `device` and `dtype` as configured ('auto' allowed), `quantize` none|int8|fp8,
@@ -55,12 +61,14 @@ class EncoderBatch:
 
     `output_mask` (batch, tokens), where given, marks the positions whose outputs the adapter reads
     when they reach beyond the attention mask: ColBERT's query expansion tokens, which the
-    attention does not see but which each yield a vector. None: the attention mask's positions."""
+    attention does not see but which each yield a vector. None: the attention mask's positions.
+    `task_id`, where the model's graph takes one, selects its task adapter (`backends/lora.py`)."""
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
     token_type_ids: np.ndarray | None = None
     output_mask: np.ndarray | None = None
+    task_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ FAMILIES: dict[str, frozenset[str]] = {
 ARCHITECTURES: dict[str, frozenset[str]] = {
     "onnx": frozenset(
         {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet"}
-        | {"modernbert", "nomic_bert", "qwen3", "gemma3_text"}
+        | {"modernbert", "nomic_bert", "qwen3", "gemma3_text", "jina_embeddings_v3"}
     ),
     "ctranslate2": frozenset({"bert", "xlm-roberta", "roberta", "camembert", "distilbert"}),
 }
@@ -40,6 +40,8 @@ ONLY: dict[tuple[str, str], frozenset[str]] = {
     ("onnx", "nomic_bert"): frozenset({"dense"}),
     ("onnx", "qwen3"): frozenset({"dense"}),
     ("onnx", "gemma3_text"): frozenset({"dense"}),
+    # jina-embeddings-v3, its task adapters in the graph (`backends/lora.py`)
+    ("onnx", "jina_embeddings_v3"): frozenset({"dense"}),
 }
 #: Architectures an engine cannot run on CUDA, and why: ONNX Runtime runs float16 there, and
 #: Gemma 3's activations overflow it (EmbeddingGemma's model card: float32 or bfloat16 only).
@@ -185,6 +187,8 @@ FASTEST_FOR: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
     "qwen3": {("cpu/avx2", "fp32"): ()},
     # 1.03-1.12x, 0.98-1.03x: level within two runs' spread
     "gemma3_text": {("cpu/avx2", "fp32"): ()},
+    # jina-embeddings-v3, its task adapters in the graph: 0.94-1.03x, 0.95-1.00x: level
+    "jina_embeddings_v3": {("cpu/avx2", "fp32"): ()},
 }
 _HOSTS = {
     "cpu/amx": "an AMX CPU",

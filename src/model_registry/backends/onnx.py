@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 import psutil
 
-from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
+from model_registry.backends.base import TASK_INPUT, EncoderBatch, EncoderOutput, Engine, EngineOptions, Task
 from model_registry.backends.cache import invalidate, load_failed
 from model_registry.backends.onnx_build import OUTPUT, artifact_for
 from model_registry.backends.threads import intra_op_threads, lanes, run_in_lanes
@@ -215,6 +215,9 @@ class OnnxEngine(Engine):
         if "token_type_ids" in self.inputs:
             types = batch.token_type_ids
             feeds["token_type_ids"] = types if types is not None else np.zeros_like(batch.input_ids)
+        if TASK_INPUT in self.inputs:
+            assert batch.task_id is not None, "This is a bug: a batch without its task on a graph that takes one"
+            feeds[TASK_INPUT] = np.asarray(batch.task_id, dtype=np.int64)
         with compute_slot(self.device):
             if self.device.startswith("cuda"):
                 value: Any = self._cuda_run(feeds)
@@ -230,7 +233,7 @@ class OnnxEngine(Engine):
         assert session is not None
 
         def run(rows: slice) -> np.ndarray:
-            part = {name: value[rows] for name, value in feeds.items()}
+            part = {name: value[rows] if value.ndim else value for name, value in feeds.items()}
             return np.asarray(session.run([self.output], part)[0], dtype=np.float32)
 
         return run

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from model_registry.backends.base import Task
+from model_registry.backends import lora
+from model_registry.backends.base import TASK_INPUT, Task
 from model_registry.backends.weights import from_pretrained_checked
 
 log = logging.getLogger(__name__)
@@ -34,16 +35,23 @@ OUTPUT = {"feature-extraction": "last_hidden_state", "sequence-classification": 
 
 
 class _Forward(torch.nn.Module):
-    """The model with positional inputs and one named output, as the exporter wants it."""
+    """The model with positional inputs and one named output, as the exporter wants it; with
+    `adapters`, the task adapter the `task_id` input selects (`lora.for_export`)."""
 
-    def __init__(self, model: Any, task: Task, type_ids: bool) -> None:
+    def __init__(self, model: Any, task: Task, type_ids: bool, adapters: lora.Selection | None = None) -> None:
         super().__init__()
-        self.model, self.task, self.type_ids = model, task, type_ids
+        self.model, self.task, self.type_ids, self.adapters = model, task, type_ids, adapters
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        task_id: torch.Tensor | None = None,
     ) -> torch.Tensor:
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        if self.adapters is not None:
+            self.adapters.task = task_id
         output = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
         result: torch.Tensor = output[0] if self.task == "feature-extraction" else output.logits
         return result
@@ -72,7 +80,8 @@ def _register_attention() -> str:
 
 
 def export(directory: Path, task: Task, target: Path, *, trust_remote_code: bool = False) -> list[str]:
-    """Write `target` (model.onnx) for `task`; returns the graph's input names."""
+    """Write `target` (model.onnx) for `task`; returns the graph's input names. A directory with
+    task adapters (`lora.for_export`) gives a graph that also takes `TASK_INPUT`."""
     import transformers
 
     started = time.monotonic()
@@ -90,15 +99,21 @@ def export(directory: Path, task: Task, target: Path, *, trust_remote_code: bool
         and getattr(model.config, "type_vocab_size", 0) > 1
     )
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if type_ids else [])
-    sample = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
+    sample = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)  # one tensor each: not aliased
     batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens")
-    shapes = {name: {0: batch, 1: tokens} for name in names}
+    shapes: dict[str, Any] = {name: {0: batch, 1: tokens} for name in names}
+    adapters = lora.for_export(model, directory)
+    named = {}
+    if adapters is not None:
+        named[TASK_INPUT] = torch.tensor(0)
+        shapes[TASK_INPUT] = None
     with torch.inference_mode(False), torch.no_grad():
         program = torch.onnx.export(
-            _Forward(model, task, type_ids),
+            _Forward(model, task, type_ids, adapters),
             sample,
+            kwargs=named,
             dynamo=True,
-            input_names=names,
+            input_names=names + list(named),
             output_names=[OUTPUT[task]],
             dynamic_shapes=shapes,
             optimize=True,
@@ -107,4 +122,4 @@ def export(directory: Path, task: Task, target: Path, *, trust_remote_code: bool
     assert program is not None, "This is a bug: the dynamo exporter returned no program"
     program.save(str(target), external_data=False)
     log.info("exported %s in %.1f s", target, time.monotonic() - started)
-    return names
+    return names + list(named)

@@ -90,8 +90,9 @@ def pack(
     padded, with its offsets on `device` (None: the mask's). `attended` (B, L), where given, marks
     the packed tokens that the attention sees (the others still get outputs)."""
     keep = mask.bool()
-    cu_seqlens, longest = _offsets(keep.sum(dim=1))
-    segments = torch.arange(keep.shape[0]).repeat_interleave(keep.sum(dim=1))
+    lengths = keep.sum(dim=1)
+    cu_seqlens, longest = _offsets(lengths)
+    segments = torch.arange(keep.shape[0]).repeat_interleave(lengths)
     to = mask.device if device is None else device
     if attended is None:
         return Packing(keep, cu_seqlens.to(to), segments.to(to), longest, kernel)

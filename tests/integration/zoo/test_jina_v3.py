@@ -1,4 +1,5 @@
-"""jina-embeddings-v3 in its published layout: transformers' port with the task adapters per request.
+"""jina-embeddings-v3 in its published layout: transformers' port with the task adapters per request,
+on torch and on ONNX Runtime.
 
 The checkpoint names jinaai/xlm-roberta-flash-implementation's code (`XLMRobertaLoRA`) and keeps
 its LoRA task adapters as parametrizations of every linear and embedding layer. The server runs
@@ -218,3 +219,90 @@ def test_a_converted_checkpoint_without_adapters_serves_its_base_weights(serve: 
     np.testing.assert_allclose(got, reference(directory, None), atol=1e-4)
     np.testing.assert_allclose(single, got, atol=1e-5)
     assert "task_adapters" not in details
+
+
+# ---- on ONNX Runtime: the export carries every task's adapter and takes the task as an input ----
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One engine cache for the module: the model is exported once."""
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+def on_onnx(directory: Path, cache: Path, **extra: Any) -> dict[str, Any]:
+    return {"models": [entry(directory, backend="onnx", device="cpu", **extra)], "engine_cache": str(cache)}
+
+
+@pytest.mark.slow
+def test_on_onnx_each_task_and_the_base_answer_as_their_adapters_merged(
+    serve: Any, published: Path, onnx_cache: Path
+) -> None:
+    live = serve(on_onnx(published, onnx_cache))
+    with live.client() as client:
+        for task in (None, *TASKS):
+            options = {} if task is None else {"task": task}
+            batched = embed(client, SENTENCES, **options)
+            np.testing.assert_allclose(batched, reference(published, task), atol=1e-4)
+            single = [embed(client, [s], **options)[0] for s in SENTENCES]
+            np.testing.assert_allclose(single, batched, atol=1e-5)
+        details = client.get("/v1/models/jina").json()["details"]
+    assert (details["engine"]["backend"], details["engine"]["own_file"]) == ("onnx", False)
+    assert details["task_adapters"]["tasks"] == list(TASKS)
+
+
+def test_on_onnx_requests_of_different_tasks_at_once_each_get_their_own(
+    serve: Any, published: Path, onnx_cache: Path
+) -> None:
+    live = serve(on_onnx(published, onnx_cache))
+    tasks = ["retrieval.passage", "separation", "text-matching"] * 4
+    expected = {task: reference(published, task) for task in set(tasks)}
+    with live.client() as client, ThreadPoolExecutor(len(tasks)) as pool:
+        embed(client, SENTENCES[:1])
+        answers = list(pool.map(lambda task: embed(client, SENTENCES, task=task), tasks))
+    for task, got in zip(tasks, answers, strict=True):
+        np.testing.assert_allclose(got, expected[task], atol=1e-4)
+
+
+def test_int8_with_auto_runs_on_onnx_and_keeps_each_task_s_direction(
+    serve: Any, published: Path, onnx_cache: Path
+) -> None:
+    """CTranslate2, first in `auto`'s int8 row, cannot run the adapters; every vector keeps the
+    direction of its own task's (the tasks' own vectors are further apart than that)."""
+    live = serve({"models": [entry(published, backend="auto", quantize="int8")], "engine_cache": str(onnx_cache)})
+    with live.client() as client:
+        got = {task: embed(client, SENTENCES, task=task) for task in TASKS}
+        engine = client.get("/v1/models/jina").json()["details"]["engine"]
+    assert (engine["backend"], engine["precision"]) == ("onnx", "int8")
+    assert engine["reason"].startswith("auto: onnx, "), engine["reason"]
+    for task in TASKS:
+        cosines = (got[task] * reference(published, task)).sum(axis=1)
+        assert cosines.min() >= 0.99, f"{task}: {cosines}"
+    apart = (reference(published, "separation") * reference(published, "text-matching")).sum(axis=1)
+    assert apart.max() < 0.99
+
+
+def test_ctranslate2_is_refused_at_start_naming_the_engines_that_run_it(published: Path) -> None:
+    from model_registry import Registry
+    from model_registry.config import registry_config
+    from model_registry.errors import ConfigError
+
+    config = registry_config({"models": [entry(published, backend="ctranslate2")]})
+    with pytest.raises(ConfigError) as refused:
+        Registry(config)
+    message = str(refused.value)
+    assert "architecture 'jina_embeddings_v3' cannot run on backend: ctranslate2" in message
+    assert message.endswith("use backend: onnx, or backend: torch"), message
+
+
+def test_the_view_leaves_the_checkpoint_s_own_onnx_graphs_out(tmp_path: Path) -> None:
+    """Published graphs select tasks by their own convention; ONNX Runtime runs an export of the view."""
+    from model_registry.config import ModelSpec
+    from model_registry.detect import detect
+
+    directory = tiny_jina_v3(tmp_path / "jina")
+    (directory / "onnx").mkdir()
+    (directory / "onnx" / "model.onnx").write_bytes(b"a graph of its own")
+    layout = detect(directory, ModelSpec(name="jina", source=str(directory)))
+    assert (layout.transformer_dir / "tokenizer.json").is_file()
+    assert not (layout.transformer_dir / "onnx").exists()
