@@ -127,12 +127,22 @@ def assert_vectors(got: list[np.ndarray], want: list[np.ndarray]) -> None:
         np.testing.assert_allclose(g, w, atol=TOL)
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_pylate_layouts_match_pylate(serve: Any, tmp_path: Path, layout: str) -> None:
+#: Every layout on torch; on ONNX Runtime, which serves ColBERT too, one of each encoder and the
+#: expansion tokens that attend.
+ENGINES = [(layout, "torch") for layout in sorted(LAYOUTS)] + [
+    ("gte-moderncolbert", "onnx"),
+    ("moderncolbert-attending", "onnx"),
+    ("answerai-colbert-small", "onnx"),
+]
+
+
+@pytest.mark.parametrize(("layout", "backend"), ENGINES)
+def test_pylate_layouts_match_pylate(serve: Any, tmp_path: Path, layout: str, backend: str) -> None:
     directory = LAYOUTS[layout](tmp_path / layout)
     want_queries = reference(directory, QUERIES, query=True)
     want_documents = reference(directory, DOCUMENTS, query=False)
-    server = serve({"models": [{"name": "colbert", "source": str(directory), "backend": "torch"}]})
+    entry = {"name": "colbert", "source": str(directory), "backend": backend, "device": "cpu"}
+    server = serve({"models": [entry], "engine_cache": str(tmp_path / "engines")})
     with server.client() as client:
         queries = encode(client, "colbert", QUERIES, prompt_name="query")
         documents = encode(client, "colbert", DOCUMENTS)
@@ -151,6 +161,8 @@ def test_pylate_layouts_match_pylate(serve: Any, tmp_path: Path, layout: str) ->
     np.testing.assert_allclose([scores[i] for i in range(len(DOCUMENTS))], want_scores, atol=TOL)
     assert pooled.status_code == 200, pooled.text
     assert_vectors([np.asarray(d["data"], dtype=np.float32) for d in pooled.json()["data"]], want_documents)
+    with server.client() as client:
+        assert client.get("/v1/models/colbert").json()["details"]["engine"]["backend"] == backend
 
 
 def test_expansion_settings_shape_the_query(serve: Any, tmp_path: Path) -> None:

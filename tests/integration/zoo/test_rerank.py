@@ -64,19 +64,33 @@ def test_cross_encoder_matches_sentence_transformers(serve: Any, reranker_dir: P
     np.testing.assert_allclose(single, [got[i] for i in range(6)], atol=1e-5)
 
 
-@pytest.mark.parametrize("builder", [tiny_xlmr_cross_encoder, tiny_modernbert_cross_encoder])
-def test_other_encoder_cross_encoders_match(serve: Any, tmp_path: Path, builder: Any) -> None:
+@pytest.mark.parametrize(
+    ("builder", "backend"),
+    [
+        (tiny_xlmr_cross_encoder, "torch"),
+        (tiny_xlmr_cross_encoder, "onnx"),
+        (tiny_xlmr_cross_encoder, "ctranslate2"),
+        (tiny_modernbert_cross_encoder, "torch"),
+        (tiny_modernbert_cross_encoder, "onnx"),
+    ],
+)
+def test_other_encoder_cross_encoders_match(serve: Any, tmp_path: Path, builder: Any, backend: str) -> None:
+    """XLM-R (bge-reranker-v2-m3's architecture) and ModernBERT on every engine that serves them."""
     directory = builder(tmp_path / "ce")
     query = "Which animal sleeps on the windowsill?"
     documents = ["The cat sleeps on the warm windowsill.", "Stocks fell.", "A plane is taking off from the airport."]
     expected = predict(directory, query, documents)
-    server = serve({"models": [{"name": "ce", "source": str(directory), "backend": "torch"}]})
+    entry = {"name": "ce", "source": str(directory), "backend": backend, "device": "cpu"}
+    server = serve({"models": [entry], "engine_cache": str(tmp_path / "engines")})
     with server.client() as client:
         body = rerank(client, "ce", query, documents).json()
         single = [rerank(client, "ce", query, [d]).json()["results"][0]["relevance_score"] for d in documents]
+        engine = client.get("/v1/models/ce").json()["details"]["engine"]
+    assert engine["backend"] == backend
+    tolerance = 1e-5 if backend == "torch" else 1e-4
     got = {r["index"]: r["relevance_score"] for r in body["results"]}
-    np.testing.assert_allclose([got[i] for i in range(3)], expected, atol=1e-5)
-    np.testing.assert_allclose(single, expected, atol=1e-5)
+    np.testing.assert_allclose([got[i] for i in range(3)], expected, atol=tolerance)
+    np.testing.assert_allclose(single, expected, atol=tolerance)
 
 
 def test_llm_reranker_without_a_configured_pad_token(serve: Any, tmp_path: Path) -> None:
