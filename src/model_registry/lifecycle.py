@@ -107,6 +107,8 @@ class Lifecycle:
         self.pinned_tried = asyncio.Event()
         #: Per device, bytes still held by loads that timed out while their thread goes on.
         self._late: dict[str, int] = {}
+        #: Set by `stop`: loads in flight give up, as at their deadline, instead of holding it up.
+        self._stopping = asyncio.Event()
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
@@ -234,7 +236,8 @@ class Lifecycle:
         elif handle.load_started is not None and handle.failed_at >= handle.load_started + limit:
             # A step that gave up at the deadline itself (a build stopped then): a timeout too.
             handle.error = f"loading took longer than {limit:g}s: {handle.error}"
-        log.error("model '%s' failed to load: %s", handle.spec.name, handle.error)
+        level = logging.WARNING if self._stopping.is_set() else logging.ERROR  # a stop is not the model's fault
+        log.log(level, "model '%s' failed to load: %s", handle.spec.name, handle.error)
         self._emit(
             LifecycleEvent(EventKind.LOAD_FAILED, handle.spec.name, handle.device, 0, time.time(), 0, handle.error)
         )
@@ -301,22 +304,30 @@ class Lifecycle:
             return fixed_budget(spec, device)
 
     async def _off_loop(self, deadline: float, loading: ModelHandle | None, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on a thread, within the load deadline. A thread cannot be stopped: after a
-        timeout, the memory `loading` was charged stays charged (to the device, not to the
-        model) until the thread has finished and whatever it loaded is unloaded."""
+        """`fn(*args)` on a thread, within the load deadline and until `stop`. A thread cannot be
+        stopped: after a timeout, the memory `loading` was charged stays charged (to the device,
+        not to the model) until the thread has finished and whatever it loaded is unloaded."""
         work = on_own_thread(fn, *args)
+        stopping = asyncio.ensure_future(self._stopping.wait())
         try:
-            return await asyncio.wait_for(asyncio.shield(work), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            if loading is not None:
-                device, held, adapter = loading.device, loading.charged, args[0]
-                assert isinstance(adapter, Adapter), "This is a bug: a timed load must be given its adapter"
-                loading.charged = 0
-                self._late[device] = self._late.get(device, 0) + held
-                task = asyncio.ensure_future(self._unload_late(work, adapter, device, held))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            raise
+            timeout = max(0.0, deadline - time.monotonic())
+            await asyncio.wait((work, stopping), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if work.done():
+            return work.result()
+        work.add_done_callback(lambda late: late.cancelled() or late.exception())  # its error has no one to go to
+        if loading is not None:
+            device, held, adapter = loading.device, loading.charged, args[0]
+            assert isinstance(adapter, Adapter), "This is a bug: a timed load must be given its adapter"
+            loading.charged = 0
+            self._late[device] = self._late.get(device, 0) + held
+            task = asyncio.ensure_future(self._unload_late(work, adapter, device, held))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._stopping.is_set():
+            raise ModelUnavailable("the server stopped while it loaded")
+        raise asyncio.TimeoutError
 
     async def _unload_late(self, work: asyncio.Future[Any], adapter: Adapter, device: str, held: int) -> None:
         try:
@@ -465,6 +476,7 @@ class Lifecycle:
 
     def start(self) -> None:
         """Start expiring idle models and loading the pinned ones, in the background."""
+        self._stopping.clear()
         timed = [h.spec.keep_alive for h in self.handles.values() if h.spec.keep_alive and not h.spec.pin]
         if timed and self._keeper is None:
             period = min(5.0, max(0.05, min(timed) / 4))
@@ -502,6 +514,7 @@ class Lifecycle:
                         log.exception("expiring the idle model '%s' failed; it is retried later", handle.spec.name)
 
     async def stop(self) -> None:
+        self._stopping.set()  # before the unloads below wait for loads in flight
         for task in (self._keeper, self._pinner):
             if task is not None:
                 task.cancel()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -149,3 +150,19 @@ def test_a_failed_pinned_load_is_retried_on_its_back_off_until_it_loads(serve: A
         assert client.get("/ready").json() == {"ready": True, "pinned": {"late": "loaded"}}
         response = client.post("/v1/embeddings", json={"model": "late", "input": ["a cat"]})
         assert response.status_code == 200
+
+
+def test_sigterm_during_a_pinned_load_exits_0_without_waiting_for_the_load(tmp_path: Path) -> None:
+    """The load's thread cannot be stopped, but nothing waits for it: the process exits at once
+    (a rolling update would otherwise wait out a model's whole load, or kill the server)."""
+    config = "models:\n  - {name: slow, source: fake, kind: fake, pin: true, options: {load_delay: 120}}\n"
+    with launched(tmp_path, config) as (process, url, _):
+        first_health(url, process, limit=30)
+        assert httpx.get(url + "/ready", timeout=5).json()["pinned"] == {"slow": "loading"}
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+        waited = time.monotonic() - sent
+    assert code == 0, (tmp_path / "server.log").read_text()
+    assert waited < 10, f"the server took {waited:.1f}s to stop during a load"
+    assert "stopped while it loaded" in (tmp_path / "server.log").read_text()
