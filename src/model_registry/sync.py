@@ -20,28 +20,44 @@ class SyncRegistry:
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="registry-loop", daemon=True)
+        # Made on entering, so that a registry never entered holds no loop (and its socket pair).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     @classmethod
     def from_config(cls, source: str | Path | RegistryConfig | Mapping[str, Any]) -> SyncRegistry:
         return cls(Registry.from_config(source))
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            coroutine.close()
+            raise RuntimeError("SyncRegistry is used outside its `with` block")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def __enter__(self) -> SyncRegistry:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="registry-loop", daemon=True)
         self._thread.start()
-        self._call(self.registry.start())
+        try:
+            self._call(self.registry.start())
+        except BaseException:
+            self._close_loop()  # `__exit__` does not run when `__enter__` raises
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
             self._call(self.registry.stop())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
 
     def embed(self, model: str, inputs: Any, **options: Any) -> Results:
         return self._call(self.registry.embed(model, inputs, **options))

@@ -215,6 +215,23 @@ def test_sync_wrapper_for_scripts() -> None:
     np.testing.assert_array_equal(vectors(results)[0], fake_vector("hello world", 8))
 
 
+def test_the_sync_wrapper_leaves_no_loop_behind_when_its_start_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`__exit__` does not run when `__enter__` raises: the loop and its thread end there."""
+    wrapper = SyncRegistry.from_config({"models": [fake()]})
+
+    async def broken(wait: bool = True) -> None:
+        raise RuntimeError("start failed")
+
+    monkeypatch.setattr(wrapper.registry, "start", broken)
+    threads = {t.name for t in threading.enumerate()}
+    with pytest.raises(RuntimeError, match="start failed"), wrapper:
+        pass
+    assert "registry-loop" not in {t.name for t in threading.enumerate()} - threads
+    assert wrapper._loop is None
+    with pytest.raises(RuntimeError, match="outside its `with` block"):
+        wrapper.embed("fake", ["a"])
+
+
 class _ThreadRecorder:
     """An adapter's `prepare` that notes the thread it ran on."""
 
