@@ -20,6 +20,7 @@ from model_registry.backends.torch import TorchEngine
 from model_registry.batching import BatchQueue, Request
 from model_registry.types import EmbedItem, Item, Output, PairItem, Prepared, Text
 from tests.builders.embedders import tiny_gemma3, tiny_modernbert, tiny_qwen3, tiny_xlmr
+from tests.builders.jina import tiny_jina_v3, tiny_jina_v3_hf
 from tests.builders.text import tiny_bert, tiny_qwen2
 from tests.builders.zoo import tiny_bge_m3, tiny_colbert, tiny_llm_reranker, tiny_masked_lm
 from tests.engines.helpers import TEXTS, arrays, load, max_difference, run
@@ -32,6 +33,11 @@ ALL_OUTPUTS = frozenset(Output)
 
 def embeds(outputs: frozenset[Output] = frozenset({Output.DENSE}), query: bool = False, prompt: str = "") -> list[Item]:
     return [EmbedItem(Text(t), outputs=outputs, is_query=query, prompt=prompt) for t in [*TEXTS, LONG, "a b"]]
+
+
+def tasks(task: str) -> list[Item]:
+    """The texts for a model with task adapters (jina-embeddings-v3), under one task."""
+    return [EmbedItem(Text(t), task=task) for t in [*TEXTS, LONG, "a b"]]
 
 
 def late_chunks() -> list[Item]:
@@ -62,6 +68,8 @@ FAMILIES: dict[str, tuple[Callable[[Path], Path], str, Callable[[], list[Item]]]
     # Query expansion: [MASK] tokens the attention does not see, each yielding a vector.
     "colbert-queries": (tiny_colbert, "auto", lambda: embeds(frozenset({Output.MULTIVECTOR}), query=True)),
     "bge-m3": (tiny_bge_m3, "auto", lambda: embeds(ALL_OUTPUTS)),
+    "jina-v3-hf": (tiny_jina_v3_hf, "auto", embeds),
+    "jina-v3-task-adapters": (tiny_jina_v3, "auto", lambda: tasks("retrieval.query")),
     "bert-late-chunks": (tiny_bert, "auto", late_chunks),
     # Every pooling mode, with the prompt's tokens left out of the pooling.
     **{
@@ -224,6 +232,7 @@ def cosines(left: list[Any], right: list[Any]) -> list[float]:
         "colbert",
         "colbert-queries",
         "bert-weightedmean-prompt-excluded",
+        "jina-v3-task-adapters",
     ],
 )
 def test_varlen_in_half_precision_matches_padded_float32(family: str, models: dict[str, Path], tmp_path: Path) -> None:

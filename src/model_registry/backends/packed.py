@@ -37,6 +37,7 @@ _POSITION_START: dict[str, int | None] = {
     "qwen2": 0,
     "qwen3": 0,
     "gemma3_text": 0,
+    "jina_embeddings_v3": 0,  # rotary positions from 0 (its port's), with or without task adapters
     "xlm-roberta": None,
     "roberta": None,
 }
