@@ -148,3 +148,19 @@ def torch_thread() -> TorchThread:
         if _torch_thread is None:
             _torch_thread = TorchThread()
         return _torch_thread
+
+
+def compute_thread(backend: str, device: str) -> TorchThread | None:
+    """Where a model of `backend` on `device` (its memory device) computes: the CPU's torch thread
+    for a torch model on the CPU, else None (the caller's own thread)."""
+    return torch_thread() if backend == "torch" and device == "cpu" else None
+
+
+_timings: dict[str, threading.Lock] = {}
+
+
+def timing(device: str) -> threading.Lock:
+    """Held while one model times its warm-up batches on `device`: two models timed at once (pinned
+    models load together) would each measure the other's batches too."""
+    with _registering:
+        return _timings.setdefault(device, threading.Lock())

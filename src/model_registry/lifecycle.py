@@ -71,8 +71,9 @@ __all__ = ["DeviceUsage", "EventKind", "Lease", "Lifecycle", "LifecycleEvent", "
 def timed_warm_up(adapter: Adapter, spec: ModelSpec, device: str, max_seconds: float) -> Budget:
     """The model's batch budget and its rate, timed as batches of the device (never while a load
     measures its memory there): several budgets for `max_batch_tokens: auto`, else one batch at
-    the budget it has (no rate when no batch of it could run)."""
-    with devices.gate(device).shared():
+    the budget it has (no rate when no batch of it could run). One model is timed at a time on a
+    device, beside the batches of those that serve."""
+    with devices.timing(device), devices.gate(device).shared():
         if measured(spec):
             budget = measure_budget(adapter, budget_candidates(device), max_seconds)
             if budget is not None:

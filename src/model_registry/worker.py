@@ -163,7 +163,7 @@ class Worker:
         device = devices.memory_device(adapter.device or "cpu")
         self._gate = devices.gate(device)
         # Every torch model on the CPU computes on one thread: one OpenMP pool in the process.
-        self._shared = devices.torch_thread() if adapter.backend == "torch" and device == "cpu" else None
+        self._shared = devices.compute_thread(adapter.backend, device)
         batches.on_put = self._work_arrived
 
     def start(self) -> None:

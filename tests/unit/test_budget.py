@@ -3,6 +3,8 @@ budget within 5% of the best throughput among batches that stay within `max_batc
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from model_registry import Registry, warmup
 from model_registry.adapters.fake import FakeAdapter
 from model_registry.assembly import batch_tokens, budget_candidates
 from model_registry.config import ModelSpec
+from model_registry.lifecycle import timed_warm_up
 from model_registry.types import Prepared
 from tests.builders.text import tiny_bert
 
@@ -105,3 +108,48 @@ async def test_a_loaded_model_shows_its_budget_and_how_it_was_chosen(tmp_path: P
             queue = registry._handles[name].queue
             assert queue is not None
             assert queue.max_batch_tokens == registry.info(name).extra["batch_budget"]["tokens"]
+
+
+class Recording(FakeAdapter):
+    """A fake whose forward passes note their model, start, end and thread."""
+
+    def __init__(self, name: str, spans: list[tuple[str, float, float, str]], backend: str = "fake") -> None:
+        super().__init__({"max_length": 64, "delay": 0.05})
+        self.name, self.spans, self.backend, self.device = name, spans, backend, "cpu"
+
+    def forward(self, batch: list[str]) -> list[Any]:
+        began = time.monotonic()
+        output = super().forward(batch)
+        self.spans.append((self.name, began, time.monotonic(), threading.current_thread().name))
+        return output
+
+
+def test_two_models_are_never_timed_at_once_on_a_device() -> None:
+    """Pinned models load together: timed side by side, each would measure the other's batches too."""
+    spans: list[tuple[str, float, float, str]] = []
+    specs = [
+        ModelSpec.model_validate({"name": n, "source": "fake", "kind": "fake", "max_batch_tokens": 64}) for n in "ab"
+    ]
+    threads = [
+        threading.Thread(target=timed_warm_up, args=(Recording(spec.name, spans), spec, "cpu", 1.0)) for spec in specs
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {name for name, *_ in spans} == {"a", "b"}
+    for name, began, ended, _ in spans:
+        others = [(b, e) for n, b, e, _ in spans if n != name]
+        assert all(ended <= b or e <= began for b, e in others), f"{name}'s timed batch overlapped another model's"
+
+
+def test_a_cpu_torch_model_is_timed_on_the_thread_it_serves_on() -> None:
+    """The shared torch thread, with the OpenMP pool its batches use when it serves; other
+    engines' batches run on the timing thread itself."""
+    spans: list[tuple[str, float, float, str]] = []
+    for backend in ("torch", "onnx"):
+        rate = warmup.measure_rate(Recording(backend, spans, backend=backend), 64)
+        assert rate is not None
+        assert rate.seconds >= 0.05
+    threads = {name: thread for name, _, _, thread in spans}
+    assert threads == {"torch": "cpu-torch", "onnx": threading.current_thread().name}
