@@ -112,7 +112,9 @@ class Request:
         def expire() -> None:
             if not settled.done():
                 settled.set_exception(
-                    DeadlineExceeded(f"the request did not finish within its deadline ({limit:.3g}s left)")
+                    DeadlineExceeded(
+                        f"the request did not finish within its deadline, {limit:.3g}s after it was queued"
+                    )
                 )
 
         # The future itself, with a timer, rather than `wait_for(shield(...))`: its result resumes

@@ -160,6 +160,9 @@ class Worker:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy = False
+        # When the last batch ended with more work waiting: the next batch's share of the time is
+        # then the span between the two ends, gaps included (see `_run`).
+        self._busy_since: float | None = None
         device = devices.memory_device(adapter.device or "cpu")
         self._gate = devices.gate(device)
         # Every torch model on the CPU computes on one thread: one OpenMP pool in the process.
@@ -301,11 +304,17 @@ class Worker:
             self._stamp(batch, forward_start, forward_end)
             for entry, result in zip(batch.entries, results, strict=True):
                 entry.request.deliver(entry.prepared.index, result)
-        seconds = time.perf_counter() - started
-        if not failed and not self.batches.depth and self._handoff.empty():
+        ended = time.perf_counter()
+        seconds = ended - started
+        # Admission plans with the rate batches are served at: every stage a batch goes through, and
+        # while work keeps waiting, the gaps between batches too (waits for the interpreter lock or
+        # a shared device), which a busy host stretches.
+        spent = collating + seconds if self._busy_since is None else ended - self._busy_since
+        waiting = bool(self.batches.depth) or not self._handoff.empty()
+        self._busy_since = ended if waiting else None
+        if not failed and not waiting:
             self._pause()
-        # Admission plans with every stage a batch goes through, not the forward pass alone.
-        self.batches.record(sum(e.prepared.cost for e in batch.entries), collating + seconds)
+        self.batches.record(sum(e.prepared.cost for e in batch.entries), spent)
         if self._on_batch is not None:
             tokens = sum(e.prepared.tokens for e in batch.entries)
             capacity = self.batches.max_batch_tokens

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -234,3 +236,45 @@ def test_stop_ends_a_paused_forward_thread_at_once(monkeypatch: pytest.MonkeyPat
     bench.worker.stop(timeout=WAIT)
     assert [t.name for t in threading.enumerate() if t.name.startswith("paused-")] == []
     assert [s.items for s in bench.stats] == [1]  # the bookkeeping still ran
+
+
+class _SlowForward(GatedAdapter):
+    """A forward pass of `FORWARD` seconds, everything else free."""
+
+    def forward(self, batch: Any) -> tuple[float, ...]:
+        time.sleep(FORWARD)
+        return tuple(batch)
+
+
+FORWARD = 0.04
+
+
+def test_admission_rate_counts_the_host_time_between_busy_batches() -> None:
+    """While work waits, a batch's share of the time is the span since the previous one ended: here
+    each batch's bookkeeping holds the forward thread as long as its forward pass (as a busy event
+    loop holding the interpreter lock would), so the model serves half the rate of its passes."""
+    adapter = _SlowForward()
+    adapter.open()
+    batches = WatchedQueue(max_batch_tokens=10, max_items=100, batch_cost=lambda n, m, t: n * m)
+    ends: list[float] = []
+
+    def bookkeeping(stats: BatchStats) -> None:
+        ends.append(time.perf_counter())
+        time.sleep(FORWARD)
+
+    worker = Worker("busy", adapter, batches, on_batch=bookkeeping)
+    outcomes = Outcomes()
+    requests = [outcomes.request(float(i)) for i in range(24)]
+    for request in requests:
+        batches.put(request)
+    worker.start()
+    try:
+        for _ in requests:
+            outcomes.next()
+    finally:
+        worker.stop(timeout=WAIT)
+    # Units per second from batch end to batch end over the last half, which the smoothed rate
+    # mostly reflects (the first batches also pay the threads' one-time set-up).
+    served = 10 * 11 / (ends[-1] - ends[-12])
+    # Counting the passes alone would give twice `served` (10 units per 40 ms, against per 80 ms).
+    assert 0.75 * served < batches.rate < 1.3 * served, (batches.rate, served)
