@@ -118,27 +118,14 @@ def build(architecture: str, work: Path) -> Path:
 
 def save_adapters(model: Any, directory: Path) -> None:
     """Random task adapters for every layer of the port, under the published checkpoint's names."""
-    import torch
     from safetensors.torch import save_file
+    from tests.builders.jina import adapter_tensors, lora_factors
 
     from model_registry.backends.base import LORA_FILE
 
     config = model.config
-    tasks, rank, hidden = len(config.lora_adaptations), config.lora_rank, config.hidden_size
-    shapes = {"mixer.Wqkv": (hidden, 3 * hidden), "mixer.out_proj": (hidden, hidden)}
-    shapes |= {"mlp.fc1": (hidden, config.intermediate_size), "mlp.fc2": (config.intermediate_size, hidden)}
-    factors = {
-        f"embeddings.{name}": ((tasks, rows, rank), (tasks, rank, hidden))
-        for name, rows in (("word_embeddings", config.vocab_size), ("token_type_embeddings", config.type_vocab_size))
-    }
-    for i in range(config.num_hidden_layers):
-        factors |= {f"encoder.layers.{i}.{n}": ((tasks, rank, a), (tasks, b, rank)) for n, (a, b) in shapes.items()}
-    prefix, suffix = "roberta.", ".parametrizations.weight.0.lora_"
-    tensors = {}
-    for layer, (a, b) in factors.items():
-        tensors[f"{prefix}{layer}{suffix}A"] = torch.randn(a) * 0.01
-        tensors[f"{prefix}{layer}{suffix}B"] = torch.randn(b) * 0.01
-    save_file(tensors, str(directory / LORA_FILE))
+    factors = lora_factors(model, tasks=len(config.lora_adaptations), rank=config.lora_rank, scale=0.01)
+    save_file(adapter_tensors(factors), str(directory / LORA_FILE))
 
 
 def batch(rows: int, low: int, high: int, left: bool, seed: int = 0, task: int | None = None) -> EncoderBatch:

@@ -104,23 +104,36 @@ def reference_model(vocab_size: int, pad_token_id: int, seed: int = 0) -> Any:
     return model
 
 
-def lora_factors(model: Any, seed: int = 1) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Random non-zero LoRA factors (A, B) per adapted layer, keyed by the published layer name."""
+def lora_factors(
+    model: Any, *, tasks: int = len(TASKS), rank: int = RANK, seed: int = 1, scale: float = 0.3
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Random non-zero LoRA factors (A, B) for `tasks` tasks of `rank` per adapted layer of the
+    port `model` (sizes from its config), keyed by the published layer name."""
     generator = torch.Generator().manual_seed(seed)
 
     def pair(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.randn(a, generator=generator) * 0.3, torch.randn(b, generator=generator) * 0.3
+        return torch.randn(a, generator=generator) * scale, torch.randn(b, generator=generator) * scale
 
-    tasks, config = len(TASKS), model.config
+    config = model.config
+    hidden, intermediate = config.hidden_size, config.intermediate_size
     rows = {"word_embeddings": config.vocab_size, "token_type_embeddings": config.type_vocab_size}
-    factors = {f"embeddings.{name}": pair((tasks, count, RANK), (tasks, RANK, HIDDEN)) for name, count in rows.items()}
-    shapes = {"mixer.Wqkv": (HIDDEN, 3 * HIDDEN), "mixer.out_proj": (HIDDEN, HIDDEN)}
-    shapes.update({"mlp.fc1": (HIDDEN, INTERMEDIATE), "mlp.fc2": (INTERMEDIATE, HIDDEN)})
-    for i in range(LAYERS):
+    factors = {f"embeddings.{name}": pair((tasks, count, rank), (tasks, rank, hidden)) for name, count in rows.items()}
+    shapes = {"mixer.Wqkv": (hidden, 3 * hidden), "mixer.out_proj": (hidden, hidden)}
+    shapes.update({"mlp.fc1": (hidden, intermediate), "mlp.fc2": (intermediate, hidden)})
+    for i in range(config.num_hidden_layers):
         for name, (fan_in, fan_out) in shapes.items():
-            factors[f"encoder.layers.{i}.{name}"] = pair((tasks, RANK, fan_in), (tasks, fan_out, RANK))
-    factors["pooler.dense"] = pair((tasks, RANK, HIDDEN), (tasks, HIDDEN, RANK))
+            factors[f"encoder.layers.{i}.{name}"] = pair((tasks, rank, fan_in), (tasks, fan_out, rank))
+    factors["pooler.dense"] = pair((tasks, rank, hidden), (tasks, hidden, rank))
     return factors
+
+
+def adapter_tensors(factors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The factors under the published names: each layer's stacked A and B."""
+    out = {}
+    for layer, (a, b) in factors.items():
+        prefix = f"roberta.{layer}.parametrizations.weight.0."
+        out[f"{prefix}lora_A"], out[f"{prefix}lora_B"] = a, b
+    return out
 
 
 def delta(layer: str, factors: tuple[torch.Tensor, torch.Tensor], task: int) -> torch.Tensor:
@@ -163,9 +176,8 @@ def published_weights(model: Any, factors: dict[str, tuple[torch.Tensor, torch.T
     for name, tensor in base.items():
         layer = name.rsplit(".", 1)[0]
         if name.endswith(".weight") and layer in factors:
-            a, b = factors[layer]
-            prefix = f"roberta.{layer}.parametrizations.weight."
-            out.update({f"{prefix}original": tensor, f"{prefix}0.lora_A": a, f"{prefix}0.lora_B": b})
+            out[f"roberta.{layer}.parametrizations.weight.original"] = tensor
+            out.update(adapter_tensors({layer: factors[layer]}))
         else:
             out[f"roberta.{name}"] = tensor
     return out

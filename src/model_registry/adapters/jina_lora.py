@@ -20,7 +20,7 @@ from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import DenseAdapter, TextBatch
 from model_registry.backends import lora
 from model_registry.backends import torch as backend
-from model_registry.backends.base import LORA_FILE
+from model_registry.backends.base import LORA_FILE, TASK_INPUT
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, ModelUnavailable
 from model_registry.native_ports import jina_weights
@@ -56,7 +56,14 @@ class JinaLoraAdapter(DenseAdapter):
         super().load(options)
         engine = self.engine
         if not isinstance(engine, backend.TorchEngine):
-            return  # ONNX Runtime's graph carries the adapters (`lora.for_export`)
+            # ONNX Runtime's graph carries the adapters (`lora.for_export`); one without them
+            # would answer every task with the base weights.
+            if TASK_INPUT not in getattr(engine, "inputs", frozenset()):
+                raise ModelUnavailable(
+                    f"the {engine.name} graph of this model does not take '{TASK_INPUT}', so it would "
+                    "ignore the task adapters; delete its engine cache entry to export it again, or use backend: torch"
+                )
+            return
         factors = lora.read_factors(self.layout.transformer_dir / LORA_FILE)
         before = engine.footprint()
         self.selection = lora.install(engine.model, factors, (len(self.tasks), self.rank), self.alpha / self.rank)

@@ -307,3 +307,27 @@ def test_the_view_leaves_the_checkpoint_s_own_onnx_graphs_out(tmp_path: Path) ->
     layout = detect(directory, ModelSpec(name="jina", source=str(directory)))
     assert (layout.transformer_dir / "tokenizer.json").is_file()
     assert not (layout.transformer_dir / "onnx").exists()
+
+
+def test_a_graph_that_does_not_take_the_task_is_refused_not_served_on_its_base(
+    published: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ONNX graph without `task_id` would answer every task with the base weights."""
+    from model_registry.adapters.base import LoadOptions
+    from model_registry.adapters.dense import DenseAdapter
+    from model_registry.adapters.jina_lora import JinaLoraAdapter
+    from model_registry.backends.onnx import OnnxEngine
+    from model_registry.config import ModelSpec
+    from model_registry.detect import detect
+    from model_registry.errors import ModelUnavailable
+
+    graph = OnnxEngine()
+    graph.inputs = frozenset({"input_ids", "attention_mask"})
+
+    def load_a_graph_without_the_task(adapter: DenseAdapter, options: LoadOptions) -> None:
+        adapter.engine = graph
+
+    monkeypatch.setattr(DenseAdapter, "load", load_a_graph_without_the_task)
+    adapter = JinaLoraAdapter(detect(published, ModelSpec(name="jina", source=str(published))))
+    with pytest.raises(ModelUnavailable, match="does not take 'task_id'.*backend: torch"):
+        adapter.load(LoadOptions(device="cpu", dtype="float32", max_batch_tokens=256))
