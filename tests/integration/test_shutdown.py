@@ -90,7 +90,8 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path) -> None:
         assert turned_away.status_code == 503
         assert turned_away.json()["error"]["code"] == "shutting_down"
         assert httpx.get(url + "/health", timeout=5).status_code == 200
-        assert not any(f.done() for f in futures), "the requests should still be in flight"
+        # One batch at a time: at least the last of the three is still in flight after the signal.
+        assert not all(f.done() for f in futures), "the requests should still be in flight"
         for text, future in zip(texts, futures, strict=True):
             response = future.result(30)
             assert response.status_code == 200, response.text
