@@ -5,7 +5,7 @@ thread is, and how long the garbage collector stopped the server, read from its 
         [--clients 4,16] [--requests 64] [--inputs 256] [--stand-in SECONDS_PER_TOKEN]
         [--stand-in-ops N] [--stand-in-width N] [--freeze on|off|both]
         [--gc-thresholds 700,10,10/50000,10,10]
-        [--switch-interval 0.005/0.0005] [--rounds 1] [--workload short|long]
+        [--switch-interval 0.005/0.0005] [--rounds 1] [--workload short|long] [--profile DIR]
 
 For each engine, the bundled all-MiniLM-L6-v2 served by `infinity-server serve` (a subprocess) and
 the same engine in-process (`lib/engines.py`'s `InProcess`, the ceiling): `--requests` requests of
@@ -17,6 +17,9 @@ the garbage collector's pauses (`infinity_gc_pause_seconds`) and the per-request
 then the run as one JSON record (`{"device", "engine", "workload", "clients",
 "server_inputs_per_s", "in_process_inputs_per_s", "server_per_in_process"}`, the shape of
 `docs/runs/`). `--workload long` sends documents of about 250 tokens instead of sentences.
+`--profile DIR` profiles ten batches of each, in the server and in-process, with torch.profiler
+(`lib/profiling.py`): `DIR/server-<engine>-<workload>-<model>.txt` and
+`DIR/in-process-<engine>-<workload>.txt`.
 
 `--stand-in S` runs the ONNX Runtime engine as a stand-in for a fast device (`lib/standin.py`): S
 seconds per padded token with the interpreter lock released, in the server and in-process alike,
@@ -127,6 +130,7 @@ def main() -> None:
     parser.add_argument("--switch-interval", help="the server's interpreter switch intervals (s), separated by /")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each server (alternating with --freeze both)")
     parser.add_argument("--workload", choices=("short", "long"), default="short")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="torch.profiler tables of ten batches each")
     args = parser.parse_args()
     rng = random.Random(0)
     texts = sts_sentences()
@@ -152,7 +156,14 @@ def main() -> None:
     intervals = args.switch_interval.split("/") if args.switch_interval else [None]
     for name in engines:
         engine = {**ENGINES[name], "max_batch_tokens": BATCH_TOKENS[args.device]}
-        with InProcess(engine, args.device) as local:
+        window = None
+        if args.profile is not None:
+            from lib.profiling import Window
+
+            os.environ["BENCH_PROFILE"] = str(args.profile.resolve())
+            os.environ["BENCH_PROFILE_NAME"] = f"server-{name}-{args.workload}"
+            window = Window(args.profile, f"in-process-{name}-{args.workload}")
+        with InProcess(engine, args.device, window) as local:
             local.throughput(requests[:4])
             ceiling = statistics.median(local.throughput(requests) for _ in range(3))
             print(f"{name}: in-process {ceiling:.0f} inputs/s (median of 3)", flush=True)

@@ -1,6 +1,6 @@
 """The GPU checks of the torch engine in one run, their figures as one `docs/runs/` file.
 
-    bash benchmarks/gpu_run.sh [--steps tests,packed,fp8,graphs,short,long] [--out DIR]
+    bash benchmarks/gpu_run.sh [--steps tests,packed,fp8,graphs,short,long,profile] [--out DIR]
 
 On a machine with an NVIDIA GPU (`gpu_run.sh` installs the kit `scripts/gpu-kit` builds, then
 runs this). Each step runs as its own process under its own time limit, and a step that fails
@@ -13,7 +13,11 @@ or runs out of time is recorded as such while the others go on:
 - `fp8`: fp8 against float16 on the same decoder (`bench_fp8.py`);
 - `graphs`: an idle query's p50 with CUDA graphs against the eager forward (`bench_graphs.py`);
 - `short`, `long`: the server over HTTP against the same engine in-process, torch, 16 clients of
-  256 sentences or 64 documents of about 250 tokens (`bench_batches.py`).
+  256 sentences or 64 documents of about 250 tokens (`bench_batches.py`);
+- `profile` (only when named): ten batches of the `short` workload profiled with torch.profiler in
+  the server and in-process (`bench_batches.py --profile`), the two tables as
+  `DIR/server-torch-short-*.txt` and `DIR/in-process-torch-short.txt`: where the server's batches
+  lose time against the engine's own. Its throughput is not recorded (the profiler slows both).
 
 Every JSON record a step prints (a line holding `comparison` or `server_per_in_process`) is kept,
 with the card, the date and the step's command, in `DIR/run.json`, and the whole output in
@@ -37,6 +41,9 @@ REPO = HERE.parent
 PY = sys.executable
 CUDA = ["--device", "cuda"]
 DECODER = ["--shape", "qwen3-0.6b"]
+#: Stands for the run's output directory in a step's command.
+OUT = "{out}"
+PROFILED = ["--engines", "torch", "--clients", "16", "--requests", "32"]
 
 #: step -> (command, seconds it may take).
 STEPS: dict[str, tuple[list[str], int]] = {
@@ -49,7 +56,13 @@ STEPS: dict[str, tuple[list[str], int]] = {
         [PY, str(HERE / "bench_batches.py"), *CUDA, "--engines", "torch", "--clients", "16", "--workload", "long"],
         150,
     ),
+    "profile": (
+        [PY, str(HERE / "bench_batches.py"), *CUDA, *PROFILED, "--profile", OUT],
+        150,
+    ),
 }
+#: The steps a run takes unless told: profiling is asked for.
+DEFAULT_STEPS = ("tests", "packed", "fp8", "graphs", "short", "long")
 _MARKED = re.compile(r"pytest\.mark\.gpu\b")
 
 
@@ -82,9 +95,10 @@ def test_counts(output: str) -> dict[str, int]:
     return {word: int(count) for count, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", output)}
 
 
-def run_step(name: str, log: Any) -> tuple[list[str], int | None, str, float]:
+def run_step(name: str, log: Any, out: Path) -> tuple[list[str], int | None, str, float]:
     """The step's command, its exit status (None: out of time), output and seconds."""
     command, limit = STEPS[name]
+    command = [str(out.resolve()) if part == OUT else part for part in command]
     command = command + gpu_test_files() if name == "tests" else command
     started = time.perf_counter()
     try:
@@ -112,7 +126,7 @@ def card() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--steps", default=",".join(DEFAULT_STEPS))
     parser.add_argument("--out", type=Path, default=Path("gpu-run"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -120,12 +134,12 @@ def main() -> None:
     kept: list[dict[str, Any]] = []
     with (args.out / "log.txt").open("w") as log:
         for name in args.steps.split(","):
-            command, status, output, seconds = run_step(name, log)
+            command, status, output, seconds = run_step(name, log, args.out)
             shown = " ".join(Path(part).name if part.startswith("/") else part for part in command)
             common = {**stamp, "command": shown, "step": name}
             if name == "tests":
                 kept.append({**common, "check": "gpu tests", **test_counts(output), "status": status})
-            found = records(output)
+            found = [] if name == "profile" else records(output)
             kept += [{**common, **record} for record in found]
             if status != 0 and name != "tests":
                 kept.append({**common, "check": name, "status": status, "tail": output[-800:]})

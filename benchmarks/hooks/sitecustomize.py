@@ -1,4 +1,5 @@
-"""Applies `lib/standin.py`'s stand-ins in a server started by a benchmark, from the environment."""
+"""Applies `lib/standin.py`'s stand-ins and `lib/profiling.py`'s profile in a server started by a
+benchmark, from the environment."""
 
 import os
 
@@ -19,3 +20,10 @@ if any(os.environ.get(name) for name in _NAMES):
         standin.collector_thresholds(os.environ["BENCH_GC_THRESHOLDS"])
     if os.environ.get("BENCH_SWITCH_INTERVAL"):
         standin.switch_interval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
+
+if os.environ.get("BENCH_PROFILE"):
+    from pathlib import Path
+
+    from lib import profiling
+
+    profiling.in_server(Path(os.environ["BENCH_PROFILE"]), os.environ.get("BENCH_PROFILE_NAME") or "server")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import statistics
 import sys
@@ -123,9 +124,12 @@ class Served:
 class InProcess:
     """The same adapter and engine in this process: the ceiling the server can reach."""
 
-    def __init__(self, engine: dict[str, Any], device: str) -> None:
+    def __init__(self, engine: dict[str, Any], device: str, window: Any = None) -> None:
+        """`window`, where given, a `lib.profiling.Window` that each batch's forward and
+        postprocess go through."""
         self.adapter, self.options = adapter_for(engine, device)
         self.budget = BATCH_TOKENS[device]
+        self.window = window
 
     def __enter__(self) -> InProcess:
         import torch
@@ -159,12 +163,15 @@ class InProcess:
         for item in [*ordered, None]:
             if item is None or (batch and (len(batch) + 1) * item.cost > self.budget):
                 if batch:
-                    collated = self.adapter.collate(batch)
-                    self.adapter.postprocess(collated, self.adapter.forward(collated))
+                    compute = functools.partial(self._compute, self.adapter.collate(batch))
+                    compute() if self.window is None else self.window.around(compute)
                 batch = []
             if item is not None:
                 batch.append(item)
         return len(texts) / (time.perf_counter() - started)
+
+    def _compute(self, collated: Any) -> Any:
+        return self.adapter.postprocess(collated, self.adapter.forward(collated))
 
     def single(self, text: str) -> float:
         """Seconds of one sentence through prepare, collate, forward and postprocess."""

@@ -60,7 +60,7 @@ class JinaLoraAdapter(DenseAdapter):
             # would answer every task with the base weights.
             if TASK_INPUT not in getattr(engine, "inputs", frozenset()):
                 raise ModelUnavailable(
-                    f"the {engine.name} graph of this model does not take '{TASK_INPUT}', so it would "
+                    f"the ONNX graph of this model does not take '{TASK_INPUT}', so it would "
                     "ignore the task adapters; delete its engine cache entry to export it again, or use backend: torch"
                 )
             return

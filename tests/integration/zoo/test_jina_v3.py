@@ -329,5 +329,5 @@ def test_a_graph_that_does_not_take_the_task_is_refused_not_served_on_its_base(
 
     monkeypatch.setattr(DenseAdapter, "load", load_a_graph_without_the_task)
     adapter = JinaLoraAdapter(detect(published, ModelSpec(name="jina", source=str(published))))
-    with pytest.raises(ModelUnavailable, match="does not take 'task_id'.*backend: torch"):
+    with pytest.raises(ModelUnavailable, match=r"does not take 'task_id'.*backend: torch"):
         adapter.load(LoadOptions(device="cpu", dtype="float32", max_batch_tokens=256))
