@@ -266,6 +266,7 @@ class Worker:
             batch = self.batches.next_batch(timeout=_POLL, until=lambda: not self._handoff.empty())
             taken = None if batch is None else self._collate(batch)
         if taken is None:
+            self._busy_since = None  # the work that waited is gone (cancelled, expired): an idle spell
             return
         batch, collated, collating = taken
         self.busy = True

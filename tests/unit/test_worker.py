@@ -137,6 +137,34 @@ def test_a_prefetched_batch_whose_request_was_cancelled_is_not_run(bench: Bench)
     assert not gone.finished
 
 
+def test_an_idle_spell_after_the_waiting_work_was_cancelled_is_not_counted_as_serving(
+    monkeypatch: pytest.MonkeyPatch, bench: Bench
+) -> None:
+    """A batch ended with work waiting, which was then cancelled: the next batch, a second later,
+    is timed by its own stages, not from the end of the one before the idle second."""
+    recorded: list[float] = []
+    record = bench.queue.record
+
+    def recording(cost: int, seconds: float) -> None:
+        recorded.append(seconds)
+        record(cost, seconds)
+
+    monkeypatch.setattr(bench.queue, "record", recording)
+    bench.hold_in_forward(1.0)
+    bench.prefetch(2.0).cancel()
+    bench.forward.release()
+    bench.outcomes.next()
+    time.sleep(1.0)
+    bench.hold_in_forward(3.0)
+    bench.forward.release()
+    bench.outcomes.next()
+    deadline = time.monotonic() + WAIT
+    while len(recorded) < 2 and time.monotonic() < deadline:  # recorded just after the delivery
+        time.sleep(0.01)
+    assert len(recorded) == 2
+    assert recorded[1] < 0.5, recorded
+
+
 def test_a_prefetched_batch_goes_back_when_higher_priority_work_arrives(bench: Bench) -> None:
     bench.hold_in_forward(1.0)
     bulk = bench.prefetch(2.0)
@@ -238,15 +266,15 @@ def test_stop_ends_a_paused_forward_thread_at_once(monkeypatch: pytest.MonkeyPat
     assert [s.items for s in bench.stats] == [1]  # the bookkeeping still ran
 
 
+FORWARD = 0.04
+
+
 class _SlowForward(GatedAdapter):
     """A forward pass of `FORWARD` seconds, everything else free."""
 
     def forward(self, batch: Any) -> tuple[float, ...]:
         time.sleep(FORWARD)
         return tuple(batch)
-
-
-FORWARD = 0.04
 
 
 def test_admission_rate_counts_the_host_time_between_busy_batches() -> None:
