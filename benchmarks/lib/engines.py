@@ -11,10 +11,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .clients import MODEL, bulk, send
 from .serving import KeepAlive, free_port, start_server
+
+if TYPE_CHECKING:
+    from .profiling import Window
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))  # this checkout's code, whatever the environment installed
@@ -124,7 +127,7 @@ class Served:
 class InProcess:
     """The same adapter and engine in this process: the ceiling the server can reach."""
 
-    def __init__(self, engine: dict[str, Any], device: str, window: Any = None) -> None:
+    def __init__(self, engine: dict[str, Any], device: str, window: Window | None = None) -> None:
         """`window`, where given, a `lib.profiling.Window` that each batch's forward and
         postprocess go through."""
         self.adapter, self.options = adapter_for(engine, device)

@@ -61,12 +61,12 @@ class Window:
     def _stop(self) -> None:
         import torch
 
-        if torch.cuda.is_available():
+        on_gpu = torch.cuda.is_available()
+        if on_gpu:
             torch.cuda.synchronize()
         wall = time.perf_counter() - self._started
         self._profile.__exit__(None, None, None)
         averages = self._profile.key_averages()
-        on_gpu = torch.cuda.is_available()
         first = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(
