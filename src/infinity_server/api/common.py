@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -17,10 +16,11 @@ from starlette.responses import Response
 from infinity_server.auth import PRIORITY, has_scope
 from infinity_server.errors import HTTPError
 from infinity_server.fetch import FetchGate, FetchPolicy, MediaFetcher, shared_media_client
+from infinity_server.schemas.common import Body
 from infinity_server.settings import ServerSettings
 from model_registry import Cancelled, Media, Modality, Registry
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound=Body)
 T = TypeVar("T")
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
@@ -58,22 +58,24 @@ async def parse_body(request: Request, model: type[M], data: dict[str, Any] | No
     data = await read_object(request) if data is None else data
     if "priority" in model.model_fields:
         asked = data.get("priority")
-        check_priority(request, asked if isinstance(asked, int) and not isinstance(asked, bool) else None)
+        if isinstance(asked, int) and not isinstance(asked, bool):
+            check_priority(request, asked, lower_first=model.lower_priority_first)
     return model.model_validate(data)
 
 
-def check_priority(request: Request, asked: int | None) -> None:
+def check_priority(request: Request, asked: int, *, lower_first: bool = False) -> None:
     """The engine's priority policy, made explicit: a request the policy would not give the priority
     it asks for is a 403 (a silent clamp would hide why it was not favoured). Lowering is free;
-    raising above the default needs the `priority` scope or `server.allow_client_priority`."""
-    if asked is None:
-        return
+    raising above the default needs the `priority` scope or `server.allow_client_priority`. With
+    `lower_first` (Cohere's and vLLM's `priority`), the engine's priority is `-asked`."""
+    engine = -asked if lower_first else asked
     granted = has_scope(request.scope, PRIORITY) or request.app.state.settings.server.allow_client_priority
-    if registry_of(request).client_priority(asked, granted=granted) != asked:
+    if registry_of(request).client_priority(engine, granted=granted) != engine:
+        free = "0 or more (lower numbers run first)" if lower_first else "0 or less"
         raise HTTPError(
             403,
             f"priority {asked} needs a key with the 'priority' scope (or server.allow_client_priority: true); "
-            "any client may ask for 0 or less",
+            f"any client may ask for {free}",
             code="insufficient_scope",
             param="priority",
         )

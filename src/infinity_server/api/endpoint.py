@@ -7,7 +7,6 @@ import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,6 +14,7 @@ from starlette.responses import Response
 from infinity_server.api.common import json_response, parse_body, read_object, read_uploads, until_disconnected
 from infinity_server.encoding import dump_json
 from infinity_server.routing import JSON, ApiRoute, Endpoint, Operation, Vectors
+from infinity_server.schemas.common import Body
 
 
 def serve(op: Operation) -> Endpoint:
@@ -44,14 +44,14 @@ def _reader(body: Any) -> Callable[[Request], Awaitable[Any]] | None:
         return read_uploads
     if typing.get_origin(body) is dict:
         return read_object
-    if isinstance(body, type) and issubclass(body, BaseModel):
-        model: type[BaseModel] = body
+    if isinstance(body, type) and issubclass(body, Body):
+        model: type[Body] = body
 
-        async def parse(request: Request) -> BaseModel:
+        async def parse(request: Request) -> Body:
             return await parse_body(request, model)
 
         return parse
-    raise TypeError(f"This is a bug: a handler's body must be a pydantic model, a dict or FormData, not {body!r}")
+    raise TypeError(f"This is a bug: a handler's body must be a schemas.common.Body, a dict or FormData, not {body!r}")
 
 
 async def answer(result: Any) -> Response:

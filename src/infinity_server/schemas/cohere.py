@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
 from typing_extensions import NotRequired, TypedDict
 
-from infinity_server.schemas.common import Body, ModelOptions, Priority, at_least
+from infinity_server.schemas.common import Body, LowerFirstPriority, ModelOptions, at_least
 from infinity_server.schemas.infinity import RerankWeights
 from infinity_server.schemas.responses import Vector
 from model_registry import InvalidInput
@@ -16,6 +16,8 @@ from model_registry import InvalidInput
 class CohereRerankRequest(ModelOptions):
     """Documents are strings or objects with a `text` field."""
 
+    lower_priority_first = True
+    priority: LowerFirstPriority = None
     query: StrictStr
     documents: list[Any]
     top_n: StrictInt | None = Field(default=None, ge=1)
@@ -91,7 +93,8 @@ class CohereEmbedRequest(Body):
     ] = None
     truncate: Literal["NONE", "START", "END"] = "END"
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    priority: Priority = None
+    lower_priority_first = True
+    priority: LowerFirstPriority = None
 
     def given(self) -> str:
         """Which of texts, images and inputs the body holds; exactly one is accepted."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -12,6 +12,15 @@ from model_registry import InvalidInput
 #: Higher numbers run first; raising a request above the default needs the `priority` scope (or
 #: `server.allow_client_priority`), lowering it is free.
 Priority = Annotated[StrictInt | None, Field(ge=-100, le=100)]
+
+
+def _negated(value: int | None) -> int | None:
+    return None if value is None else -value
+
+
+#: Cohere's and vLLM's own `priority`, where lower numbers run first (0, the default, the highest):
+#: validated into the engine's, its negation. Such a body says `lower_priority_first`.
+LowerFirstPriority = Annotated[StrictInt | None, Field(ge=-100, le=100), AfterValidator(_negated)]
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
 
 
@@ -63,6 +72,8 @@ class Body(BaseModel):
     as it does in OpenAI's API: litellm and dspy send `"encoding_format": null`, others `"user": null`."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, json_schema_extra=_null_allowed)
+    #: The body's `priority` is a `LowerFirstPriority` (its dialect runs lower numbers first).
+    lower_priority_first: ClassVar[bool] = False
 
     @model_validator(mode="before")
     @classmethod

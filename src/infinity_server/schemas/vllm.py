@@ -8,7 +8,7 @@ from pydantic import Field, StrictStr
 from typing_extensions import TypedDict
 
 from infinity_server.encoding import EncodingFormat
-from infinity_server.schemas.common import ModelOptions, PromptTokenLimit, one_or_many
+from infinity_server.schemas.common import LowerFirstPriority, ModelOptions, PromptTokenLimit, one_or_many
 from infinity_server.schemas.responses import FloatMatrix, Vector
 from model_registry import InvalidInput
 
@@ -18,6 +18,8 @@ Texts = StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
 class ScoreRequest(ModelOptions, PromptTokenLimit):
     """`text_1` and `text_2` each a string or a list: 1 to 1, 1 to N, or N to N pairs (vLLM's rule)."""
 
+    lower_priority_first = True
+    priority: LowerFirstPriority = None
     text_1: Texts
     text_2: Texts
     encoding_format: EncodingFormat = "float"
@@ -56,6 +58,8 @@ class ScoreResponse(TypedDict):
 
 
 class PoolingRequest(ModelOptions, PromptTokenLimit):
+    lower_priority_first = True
+    priority: LowerFirstPriority = None
     input: Texts
     encoding_format: EncodingFormat = "float"
 

@@ -1,13 +1,16 @@
 """Every route whose body takes a `priority` refuses a raised one from a key without the `priority`
 scope (403), TEI's `POST /` and `POST /models/{name}` included. The routes come from the app's
-declared operations, so a new route with a priority is checked without being listed here."""
+declared operations, so a new route with a priority is checked without being listed here.
+
+Cohere's and vLLM's own `priority` runs lower numbers first (0 the default and highest): on their
+routes a raised priority is a negative number."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from infinity_server.app import ROUTES
 from infinity_server.openapi import document_path
@@ -20,6 +23,8 @@ pytestmark = pytest.mark.integration
 FAKE = {"name": "fake", "source": "fake", "kind": "fake"}
 PLAIN = {"Authorization": "Bearer plain"}
 URGENT = {"Authorization": "Bearer urgent"}
+#: The routes of the dialects whose `priority` runs lower numbers first.
+LOWER_FIRST = {"/v1/rerank", "/v2/rerank", "/v1/embed", "/v2/embed", "/score", "/v1/score", "/pooling"}
 
 
 def _takes_priority(schema: Any) -> bool:
@@ -83,12 +88,28 @@ def test_the_document_lists_every_route_that_takes_a_priority() -> None:
 
 @pytest.mark.parametrize(("path", "body"), _cases(), ids=[f"{p} {sorted(b)}" for p, b in _cases()])
 def test_a_raised_priority_needs_the_priority_scope(server: LiveServer, path: str, body: dict[str, Any]) -> None:
+    raised, lowered_to = (-100, 5) if path in LOWER_FIRST else (100, -5)
     with server.client() as client:
-        refused = client.post(path, json={**body, "priority": 100}, headers=PLAIN)
-        lowered = client.post(path, json={**body, "priority": -5}, headers=PLAIN)
-        granted = client.post(path, json={**body, "priority": 100}, headers=URGENT)
+        refused = client.post(path, json={**body, "priority": raised}, headers=PLAIN)
+        lowered = client.post(path, json={**body, "priority": lowered_to}, headers=PLAIN)
+        granted = client.post(path, json={**body, "priority": raised}, headers=URGENT)
     assert refused.status_code == 403, refused.text
     message = refused.json()["error"]
     assert "priority" in (message if isinstance(message, str) else message["message"])
     assert lowered.status_code != 403, lowered.text
     assert granted.status_code != 403, granted.text
+
+
+def test_cohere_and_vllm_priorities_run_lower_numbers_first() -> None:
+    from infinity_server.schemas.cohere import CohereEmbedRequest, CohereRerankRequest
+    from infinity_server.schemas.vllm import PoolingRequest, ScoreRequest
+
+    bodies: dict[type[BaseModel], dict[str, Any]] = {
+        CohereRerankRequest: {"model": "m", "query": "q", "documents": ["a"]},
+        CohereEmbedRequest: {"model": "m", "texts": ["a"]},
+        ScoreRequest: {"model": "m", "text_1": "a", "text_2": "b"},
+        PoolingRequest: {"model": "m", "input": "a"},
+    }
+    for schema, body in bodies.items():
+        validated = [schema.model_validate({**body, "priority": p}) for p in (3, 0, -2)]
+        assert [getattr(v, "priority") for v in validated] == [-3, 0, 2]  # noqa: B009
