@@ -79,12 +79,12 @@ async def embed(
     left = validation.cut_left(adapter, model, truncation_direction)
     plan = None
     if not cut:
-        plan = _chunk_plan(registry, adapter, model, contents, wanted, text_prompt, max_tokens, long_inputs)
+        plan = await _chunk_plan(registry, adapter, model, contents, wanted, text_prompt, max_tokens, long_inputs)
     if plan is not None:
         contents = list(plan.contents)
     ranges: list[tuple[Span, ...]] = [()] * len(contents)
     if long_inputs == "late":
-        contents, ranges = _late_plan(registry, adapter, model, contents, wanted, text_prompt, spans)
+        contents, ranges = await _late_plan(registry, adapter, model, contents, wanted, text_prompt, spans)
     items = [
         EmbedItem(c, wanted, text_prompt, is_query, cut, left, max_tokens, s, task)
         for c, s in zip(contents, ranges, strict=True)
@@ -127,7 +127,7 @@ def _named_task(adapter: Adapter, name: str | None) -> str | None:
     return mapped if mapped in adapter.tasks else None
 
 
-def _chunk_plan(
+async def _chunk_plan(
     registry: Runner,
     adapter: Adapter,
     model: str,
@@ -137,7 +137,8 @@ def _chunk_plan(
     max_tokens: int | None,
     mode: str,
 ) -> Plan | None:
-    """The windows of a request's over-long texts under `long_inputs: "chunk"`; None otherwise."""
+    """The windows of a request's over-long texts under `long_inputs: "chunk"`; None otherwise.
+    Tokenizing whole texts is planned on the model's prepare threads, as its requests' tokenizing."""
     if mode not in LONG_INPUT_MODES:
         raise InvalidInput(f"long_inputs is '{mode}'; use one of {', '.join(LONG_INPUT_MODES)}", param="long_inputs")
     if mode in ("error", "late"):
@@ -146,10 +147,11 @@ def _chunk_plan(
         raise UnsupportedOperation("long_inputs 'chunk' pools dense vectors only", param="long_inputs")
     tokenizer = validation.text_tokenizer(adapter, model)
     cap = tokenizer.cap(max_tokens)
-    return plan_chunks(contents, tokenizer, prompt, cap, registry.config.max_chunks_per_request)
+    limit = registry.config.max_chunks_per_request
+    return await registry.on_model_threads(model, lambda: plan_chunks(contents, tokenizer, prompt, cap, limit))
 
 
-def _late_plan(
+async def _late_plan(
     registry: Runner,
     adapter: Adapter,
     model: str,
@@ -158,7 +160,8 @@ def _late_plan(
     prompt: str,
     spans: Sequence[Sequence[Span]] | None,
 ) -> tuple[list[Content], list[tuple[Span, ...]]]:
-    """Late chunking's whole texts and token ranges; only mean-pooled dense models take it."""
+    """Late chunking's whole texts and token ranges (planned on the model's prepare threads); only
+    mean-pooled dense models take it."""
     pooling = adapter.describe().get("pooling")
     if wanted != {Output.DENSE} or pooling != "mean":
         raise UnsupportedOperation(
@@ -167,4 +170,5 @@ def _late_plan(
             param="long_inputs",
         )
     tokenizer = validation.text_tokenizer(adapter, model)
-    return plan_late(contents, tokenizer, prompt, spans, registry.config.max_chunks_per_request)
+    limit = registry.config.max_chunks_per_request
+    return await registry.on_model_threads(model, lambda: plan_late(contents, tokenizer, prompt, spans, limit))

@@ -124,14 +124,25 @@ def _dense(result: Result) -> np.ndarray:
 
 
 Span = tuple[int, int]
-#: A sentence: from a non-space character to the first run of . ! or ? followed by whitespace,
-#: or to the end of the text (trailing whitespace left out).
-_SENTENCE = re.compile(r"\S.*?(?:[.!?]+(?=\s)|(?=\s*\Z))", re.S)
+#: A sentence's end: a run of . ! or ? followed by whitespace. The look-behind starts a match only
+#: at a run's first mark, so a long run that no whitespace follows is read once, not once per mark.
+_END = re.compile(r"(?<![.!?])[.!?]+(?=\s)")
+_NON_SPACE = re.compile(r"\S")
 
 
 def sentences(text: str) -> list[Span]:
-    """The character spans [start, end) of `text`'s sentences, by the simple rule of `_SENTENCE`."""
-    return [m.span() for m in _SENTENCE.finditer(text)]
+    """The character spans [start, end) of `text`'s sentences: each from a non-space character to
+    the first `_END` after it, or to the end of the text (trailing whitespace left out). Linear in
+    the text's length, as a client's text of any shape must be."""
+    ends = [m.end() for m in _END.finditer(text)] + [len(text.rstrip())]
+    spans = []
+    start = 0
+    for end in ends:
+        first = _NON_SPACE.search(text, start, end)
+        if first is not None:
+            spans.append((first.start(), end))
+        start = max(start, end)
+    return spans
 
 
 def plan_late(
@@ -147,18 +158,26 @@ def plan_late(
         raise InvalidInput(
             f"spans has {len(spans)} lists for {len(contents)} inputs; give one per input", param="spans"
         )
+    wanted = [list(spans[i]) if spans is not None else sentences(_text(c, i).text) for i, c in enumerate(contents)]
+    if sum(len(w) for w in wanted) > max_spans:  # before any tokenizing: the count alone decides
+        raise InvalidInput(f"the request has more than {max_spans} spans (max_chunks_per_request)", param="spans")
     out: list[Content] = []
     ranges: list[tuple[Span, ...]] = []
     for i, content in enumerate(contents):
-        if not isinstance(content, Text):
-            raise InvalidInput(f"input {i}: long_inputs 'late' takes texts, not token ids", param="input")
-        tokens = _whole(tokenizer, prompt + content.text, i)
-        wanted = list(spans[i]) if spans is not None else sentences(content.text)
-        ranges.append(token_ranges(tokens, wanted, len(content.text), len(prompt), i))
+        text = _text(content, i).text
+        if not wanted[i]:
+            what = f"spans[{i}] is empty" if spans is not None else f"input {i} has no sentence"
+            raise InvalidInput(f"{what}: late chunking answers one vector per span", param="spans")
+        tokens = _whole(tokenizer, prompt + text, i)
+        ranges.append(token_ranges(tokens, wanted[i], len(text), len(prompt), i))
         out.append(TokenIds(tuple(t.id for t in tokens)))
-        if sum(len(r) for r in ranges) > max_spans:
-            raise InvalidInput(f"the request has more than {max_spans} spans (max_chunks_per_request)", param="spans")
     return out, ranges
+
+
+def _text(content: Content, index: int) -> Text:
+    if not isinstance(content, Text):
+        raise InvalidInput(f"input {index}: long_inputs 'late' takes texts, not token ids", param="input")
+    return content
 
 
 def _whole(tokenizer: TextTokenizer, text: str, index: int) -> list[Token]:

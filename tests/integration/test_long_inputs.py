@@ -159,6 +159,16 @@ def test_late_refuses_over_long_texts_and_other_poolings(
     assert "limit of 256" in too_long.json()["error"]["message"]
     outside = post(server, "/v1/embeddings", {**body, "input": ["A short text."], "spans": [[[0, 99]]]})
     assert outside.status_code == 400, outside.text
+    empty = post(server, "/v1/embeddings", {**body, "input": ["A short text."], "spans": [[]]})
+    assert empty.status_code == 400, empty.text
+    assert "spans[0] is empty" in empty.json()["error"]["message"]
+    blank = post(server, "/embed", {**body, "inputs": ["  \n "], "input": None})
+    assert blank.status_code == 400, blank.text
+    # Refused by their count alone (max_chunks_per_request, 256), before any span is looked at:
+    # each is outside its text, which a span-by-span check would answer instead.
+    many = post(server, "/v1/embeddings", {**body, "input": ["A short text."], "spans": [[[0, 999]] * 100_000]})
+    assert many.status_code == 400, many.text
+    assert "more than 256 spans" in many.json()["error"]["message"]
     refused = post(server, "/v1/embeddings", {**body, "model": "cls", "input": ["A short text."]})
     assert refused.status_code == 400, refused.text
     assert "only mean-pooled models" in refused.json()["error"]["message"]
