@@ -36,7 +36,8 @@ class BodyLimit:
         body = _Body(receive, self.timeout)
         limit = self.paths.get(scope["path"], self.default)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        # bytes.isdigit is ASCII only; a length of more digits than a limit has is over it.
+        if declared is not None and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
             await self._reject(scope, body, send, limit)
             return
         seen = 0

@@ -27,6 +27,9 @@ DEFAULT_MAX_AUDIO_SECONDS = 600.0
 DEFAULT_MAX_ASPECT_RATIO = 200.0
 DEFAULT_MAX_EXPANSION = 256.0
 DEFAULT_MAX_AUDIO_SAMPLES = 16_000_000
+#: The largest decoded sample taken. Full scale is 1 (a float file may hold more, even int16's
+#: range); past this, a model's spectrogram powers overflow float32 into NaN vectors.
+MAX_SAMPLE = 1_000_000.0
 #: Any image decoding to at most this many bytes is accepted whatever its compression (about 1.4 MP).
 DECODE_FLOOR = 4 * 2**20
 _RGB = 3
@@ -186,9 +189,12 @@ def decode_audio(data: bytes, index: int, rate: int, limits: MediaLimits, window
     if samples.shape[0] / native_rate > limits.max_audio_seconds:
         raise _bad(index, _too_long(samples.shape[0] / native_rate, limits))
     check_resampled(samples.shape[0], native_rate, rate, index, limits)
-    mono = samples.mean(axis=1, dtype=np.float32)
-    if not np.isfinite(mono).all():
+    if not np.isfinite(samples).all():
         raise _bad(index, "the audio holds non-finite samples")
+    peak = float(np.abs(samples).max())
+    if peak > MAX_SAMPLE:
+        raise _bad(index, f"the audio's samples reach {peak:.3g}; decoded samples must lie within ±{MAX_SAMPLE:,.0f}")
+    mono = samples.mean(axis=1, dtype=np.float32)
     out = resample(mono, native_rate, rate)
     return out if window is None else out[:window]
 

@@ -400,11 +400,17 @@ def test_upload_options(client: httpx.Client, data_dir: Path) -> None:
     np.testing.assert_allclose(cut, full[:8] / np.linalg.norm(full[:8]), atol=1e-6)
     as_base64 = upload(client, "clip", [(PHOTO, photo)], encoding_format="base64").json()["data"][0]["embedding"]
     np.testing.assert_array_equal(np.frombuffer(base64.b64decode(as_base64), dtype="<f4"), full)
-    for name, value in (("dimensions", "eight"), ("output", "sparse"), ("encoding_format", "hex")):
+    fields = (("dimensions", "eight"), ("dimensions", "²"), ("dimensions", "9" * 5000), ("output", "sparse"))
+    for name, value in (*fields, ("encoding_format", "hex")):
         bad = upload(client, "clip", [(PHOTO, photo)], **{name: value})
         assert bad.status_code == 400, bad.text
         assert bad.json()["error"]["param"] == name
     files = [(f"f{i}", (f"{i}.png", p, "image/png")) for i, p in enumerate(photo_variants(data_dir))]
+    for bad_top in ("²", "9" * 5000):
+        refused = client.post(
+            "/v1/rerank/images/upload", data={"model": "clip", "query": "q", "top_n": bad_top}, files=files
+        )
+        assert refused.status_code == 400, refused.text
     top = client.post("/v1/rerank/images/upload", data={"model": "clip", "query": "cats", "top_n": "1"}, files=files)
     assert top.status_code == 200, top.text
     assert len(top.json()["results"]) == 1

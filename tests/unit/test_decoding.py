@@ -83,6 +83,19 @@ def test_corrupt_audio_names_the_index() -> None:
         decode_audio(b"RIFF\x00\x00\x00\x00WAVEjunk", 5, 16000, MediaLimits())
 
 
+@pytest.mark.parametrize("peak", [1e38, 2e6])
+def test_float_samples_past_the_sample_limit_are_refused(peak: float) -> None:
+    # 1e38 once gave a CLAP embedding of NaNs: its spectrogram's powers overflow float32.
+    loud = np.full((1600, 2), peak, dtype=np.float32)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, loud, 16000, format="WAV", subtype="FLOAT")
+    with pytest.raises(InvalidInput, match="input 2: the audio's samples reach"):
+        decode_audio(buffer.getvalue(), 2, 16000, MediaLimits())
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.full((1600, 2), 32767.0, dtype=np.float32), 16000, format="WAV", subtype="FLOAT")
+    assert float(decode_audio(buffer.getvalue(), 2, 16000, MediaLimits()).max()) == pytest.approx(32767.0, rel=1e-3)
+
+
 def test_extreme_aspect_ratio_is_refused_from_the_header() -> None:
     strip = strip_png(100_000, 1)
     assert len(strip) < 400

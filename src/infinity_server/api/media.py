@@ -114,20 +114,20 @@ async def upload(request: Request, form: FormData) -> Vectors[EmbeddingResponse]
     contents = await uploaded_contents(form, limit, field(form, "modality"))
     output = Output(_choice(form, "output", ("dense", "multivector")))
     encoding = _choice(form, "encoding_format", ("float", "base64"))
-    results = await registry.embed(model, contents, outputs=(output,))
     dimensions = number(form, "dimensions")
+    results = await registry.embed(model, contents, outputs=(output,))
     if output == Output.MULTIVECTOR:
         return Vectors(lambda: _multivector_list(model, results, encoding), numbers_in(results))
     return Vectors(lambda: embedding_list(model, results, encoding, dimensions), numbers_in(results))
 
 
 def number(form: FormData, name: str) -> int | None:
-    """An optional positive integer form field."""
+    """An optional positive integer form field, in ASCII digits (str.isdigit also takes '²')."""
     value = field(form, name)
     if value is None:
         return None
-    if not value.isdigit() or int(value) < 1:
-        raise InvalidInput(f"{name} must be a positive integer, got '{value}'", param=name)
+    if not (value.isascii() and value.isdigit() and len(value) <= 9) or int(value) < 1:
+        raise InvalidInput(f"{name} must be a positive integer below 10^9, got '{value[:20]}'", param=name)
     return int(value)
 
 

@@ -275,9 +275,9 @@ class MediaFetcher:
     async def _read(self, response: httpx.Response, url: httpx.URL, index: int, holding: Holding) -> bytes:
         """The body, decompressed as it streams; both the wire bytes and the decompressed bytes are limited."""
         limit = self.policy.max_bytes
-        declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise _bad(index, f"{url} is {int(declared):,} bytes, more than the limit of {limit:,}")
+        declared = _length(response.headers.get("content-length", ""))
+        if declared is not None and declared > limit:
+            raise _bad(index, f"{url} is {declared:,} bytes, more than the limit of {limit:,}")
         decoder = BoundedDecoder(response.headers.get("content-encoding", ""), limit, index)
         chunks, wire = [], 0
         try:
@@ -332,3 +332,11 @@ def _hide(message: str, addresses: Sequence[str], host: str) -> str:
         if address != host:
             message = message.replace(address, host)
     return message
+
+
+def _length(declared: str) -> int | None:
+    """A Content-Length header as a number (at most 10**18); None where it is none (then the
+    body's own bytes are counted)."""
+    if not (declared.isascii() and declared.isdigit()):
+        return None
+    return int(declared) if len(declared) <= 18 else 10**18
