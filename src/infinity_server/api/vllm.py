@@ -13,7 +13,7 @@ import uuid
 from starlette.requests import Request
 
 from infinity_server.api.common import registry_of
-from infinity_server.encoding import column, encode_vectors, numbers_in, output_limit
+from infinity_server.encoding import column, dense_vectors, encode_vectors, numbers_in, output_limit
 from infinity_server.routing import Vectors, post
 from infinity_server.schemas.vllm import (
     PoolingData,
@@ -24,7 +24,7 @@ from infinity_server.schemas.vllm import (
     ScoreResponse,
     VllmUsage,
 )
-from model_registry import Capability, Output, UnsupportedOperation
+from model_registry import Capability, InvalidInput, Output, UnsupportedOperation
 
 
 def _usage(tokens: int) -> VllmUsage:
@@ -32,6 +32,7 @@ def _usage(tokens: int) -> VllmUsage:
 
 
 async def score(request: Request, body: ScoreRequest) -> ScoreResponse:
+    body.refuse_unserved()
     options = body.truncation(body.truncate)
     if "max_tokens" in options:
         raise UnsupportedOperation(
@@ -39,7 +40,12 @@ async def score(request: Request, body: ScoreRequest) -> ScoreResponse:
             param="truncate_prompt_tokens",
         )
     scored = await registry_of(request).score(
-        body.model, body.pairs(), truncate=options["truncate"], priority=body.priority
+        body.model,
+        body.pairs(),
+        raw_scores=body.raw_scores(),
+        truncate=options["truncate"],
+        truncation_direction=options.get("truncation_direction", "right"),
+        priority=body.priority,
     )
     data: list[ScoreData] = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scored.scores)]
     return {
@@ -53,17 +59,25 @@ async def score(request: Request, body: ScoreRequest) -> ScoreResponse:
 
 
 async def pooling(request: Request, body: PoolingRequest) -> Vectors[PoolingResponse]:
+    body.refuse_unserved()
     registry = registry_of(request)
-    tokens = Capability.MULTIVECTOR in registry.info(body.model).capabilities
-    output = Output.MULTIVECTOR if tokens else Output.DENSE
+    output = _pooling_output(body, Capability.MULTIVECTOR in registry.info(body.model).capabilities)
     options = body.truncation(body.truncate)
     limit = output_limit(request.app.state.settings.server.max_output_bytes, "float32", body.encoding_format)
     results = await registry.embed(
-        body.model, body.texts(), outputs=(output,), output_limit=limit, priority=body.priority, **options
+        body.model, body.inputs(), outputs=(output,), output_limit=limit, priority=body.priority, **options
     )
+    # Whether a model normalises is known once it is loaded, as it is now.
+    if body.use_activation is False and registry.info(body.model).extra.get("normalize") is not False:
+        raise UnsupportedOperation(
+            f"use_activation: false asks for vectors before normalisation, and '{body.model}' normalises "
+            "its own output",
+            param="use_activation",
+        )
 
     def build() -> PoolingResponse:
-        arrays = encode_vectors(column(results, output.value), "float32", body.encoding_format)
+        vectors = dense_vectors(results, body.dimensions) if output == Output.DENSE else column(results, "multivector")
+        arrays = encode_vectors(vectors, "float32", body.encoding_format)
         data: list[PoolingData] = [{"index": i, "object": "pooling", "data": a} for i, a in enumerate(arrays)]
         return {
             "id": f"pool-{uuid.uuid4().hex}",
@@ -75,6 +89,15 @@ async def pooling(request: Request, body: PoolingRequest) -> Vectors[PoolingResp
         }
 
     return Vectors(build, numbers_in(results))
+
+
+def _pooling_output(body: PoolingRequest, has_tokens: bool) -> Output:
+    """vLLM's task: "embed" the pooled vector, "token_embed" token vectors; unset, token vectors
+    when the model has them. `dimensions` cuts pooled vectors only."""
+    tokens = body.task == "token_embed" or (body.task is None and has_tokens)
+    if tokens and body.dimensions is not None:
+        raise InvalidInput("dimensions cuts a pooled vector; this request answers token vectors", param="dimensions")
+    return Output.MULTIVECTOR if tokens else Output.DENSE
 
 
 operations = [

@@ -19,6 +19,15 @@ TokenList = Annotated[list[StrictInt], Field(min_length=1)]
 EmbeddingInput = StrictStr | list[StrictStr] | TokenList | list[TokenList]
 
 
+def input_list(value: str | list[str] | list[int] | list[list[int]]) -> list[str] | list[list[int]]:
+    """An `EmbeddingInput` as a list of texts or a list of token-id lists."""
+    if isinstance(value, str):
+        return [value]
+    if value and isinstance(value[0], int):
+        return [value]
+    return value  # type: ignore[return-value]
+
+
 class EmbeddingRequest(ModelOptions, PromptTokenLimit):
     """`POST /v1/embeddings`, plus this server's extensions and vLLM's `truncate_prompt_tokens`.
 
@@ -42,12 +51,7 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit):
 
     def inputs(self) -> list[str] | list[list[int]]:
         """The input as a list of texts or a list of token-id lists."""
-        value = self.input
-        if isinstance(value, str):
-            return [value]
-        if value and isinstance(value[0], int):
-            return [value]
-        return value  # type: ignore[return-value]
+        return input_list(self.input)
 
     def media_inputs(self) -> list[str]:
         return media_strings(self.input)

@@ -2,27 +2,64 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictStr
+from pydantic import Field, StrictBool, StrictStr
 from typing_extensions import TypedDict
 
 from infinity_server.encoding import EncodingFormat
-from infinity_server.schemas.common import LowerFirstPriority, ModelOptions, PromptTokenLimit, one_or_many
+from infinity_server.schemas.common import Dimensions, LowerFirstPriority, ModelOptions, PromptTokenLimit, one_or_many
+from infinity_server.schemas.openai import EmbeddingInput, input_list
 from infinity_server.schemas.responses import FloatMatrix, Vector
 from model_registry import InvalidInput
 
 Texts = StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
 
 
-class ScoreRequest(ModelOptions, PromptTokenLimit):
-    """`text_1` and `text_2` each a string or a list: 1 to 1, 1 to N, or N to N pairs (vLLM's rule)."""
+class VllmOptions(ModelOptions, PromptTokenLimit):
+    """What vLLM's score and pooling bodies share. vLLM's fields that would change the answer are
+    served, or refused (400) when set to what is not served, never ignored."""
 
     lower_priority_first = True
     priority: LowerFirstPriority = None
+    # vLLM's side to cut when a text is cut (its default keeps the last tokens of `k`).
+    truncation_side: Literal["left", "right"] | None = None
+    add_special_tokens: StrictBool = True
+    padding: Literal["max_length", "do_not_pad"] | None = None
+
+    def truncation(self, truncate: bool | None) -> dict[str, Any]:
+        options = super().truncation(truncate)
+        if self.truncation_side is not None:
+            options["truncation_direction"] = self.truncation_side
+        return options
+
+    def refuse_unserved(self) -> None:
+        """A 400 for each vLLM option this server does not serve, set to other than its default."""
+        if not self.add_special_tokens:
+            raise InvalidInput(
+                "add_special_tokens: false is not served: texts run with their special tokens",
+                param="add_special_tokens",
+            )
+        if self.padding == "max_length":
+            raise InvalidInput("padding: max_length is not served: texts run at their own length", param="padding")
+
+
+class ScoreRequest(VllmOptions):
+    """`text_1` and `text_2` each a string or a list: 1 to 1, 1 to N, or N to N pairs (vLLM's rule).
+    `use_activation: false` (or vLLM's older `activation`, `softmax`) answers a cross-encoder's raw
+    logits."""
+
     text_1: Texts
     text_2: Texts
     encoding_format: EncodingFormat = "float"
+    use_activation: StrictBool | None = None
+    activation: StrictBool | None = None
+    softmax: StrictBool | None = None
+
+    def raw_scores(self) -> bool:
+        """vLLM's rule: `use_activation`, else the older names; unset applies the activation."""
+        chosen = next((v for v in (self.use_activation, self.activation, self.softmax) if v is not None), True)
+        return not chosen
 
     def pairs(self) -> list[tuple[str, str]]:
         first, second = one_or_many(self.text_1), one_or_many(self.text_2)
@@ -57,14 +94,22 @@ class ScoreResponse(TypedDict):
     usage: VllmUsage
 
 
-class PoolingRequest(ModelOptions, PromptTokenLimit):
-    lower_priority_first = True
-    priority: LowerFirstPriority = None
-    input: Texts
-    encoding_format: EncodingFormat = "float"
+class PoolingRequest(VllmOptions):
+    """Texts or token-id lists; `task` "embed" asks for the pooled vector, "token_embed" for token
+    vectors (unset: token vectors when the model has them). `dimensions` cuts a pooled vector.
+    `use_activation: false` (vLLM's pooler output before normalisation) is served only by models
+    that do not normalise; base64 is little-endian float32 (`embed_dtype`, `endianness`)."""
 
-    def texts(self) -> list[str]:
-        return one_or_many(self.input)
+    input: EmbeddingInput
+    encoding_format: EncodingFormat = "float"
+    task: Literal["embed", "token_embed"] | None = None
+    dimensions: Dimensions = None
+    use_activation: StrictBool | None = None
+    embed_dtype: Literal["float32"] = "float32"
+    endianness: Literal["native", "little"] = "native"
+
+    def inputs(self) -> list[str] | list[list[int]]:
+        return input_list(self.input)
 
 
 class PoolingData(TypedDict):

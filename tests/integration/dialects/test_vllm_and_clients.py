@@ -55,6 +55,34 @@ def test_pooling_answers_token_vectors_or_the_vector(dialect_server: LiveServer)
     np.testing.assert_allclose(dense["data"][0]["data"], vectors[0]["embedding"], atol=1e-6)
 
 
+def test_score_use_activation_false_answers_the_raw_logit(dialect_server: LiveServer) -> None:
+    body = {"model": "ce", "text_1": "guitar", "text_2": TEXTS}
+    activated = [d["score"] for d in post(dialect_server, "/score", body)["data"]]
+    for off in ({"use_activation": False}, {"softmax": False}, {"activation": False}):
+        raw = np.asarray([d["score"] for d in post(dialect_server, "/score", {**body, **off})["data"]])
+        np.testing.assert_allclose(1 / (1 + np.exp(-raw)), activated, atol=1e-6)  # one label: a sigmoid
+        assert not np.allclose(raw, activated)
+
+
+def test_pooling_takes_vllms_options(dialect_server: LiveServer) -> None:
+    full = np.asarray(post(dialect_server, "/pooling", {"model": MINILM, "input": TEXTS[0]})["data"][0]["data"])
+    cut = post(dialect_server, "/pooling", {"model": MINILM, "input": TEXTS[0], "dimensions": 8})["data"][0]["data"]
+    np.testing.assert_allclose(cut, full[:8] / np.linalg.norm(full[:8]), atol=1e-6)
+    ids = [101, 7592, 2088, 102]
+    by_ids = post(dialect_server, "/pooling", {"model": MINILM, "input": ids})["data"][0]["data"]
+    openai = post(dialect_server, "/v1/embeddings", {"model": MINILM, "input": [ids]})["data"][0]["embedding"]
+    np.testing.assert_allclose(by_ids, openai, atol=1e-6)
+    pooled = post(dialect_server, "/pooling", {"model": MINILM, "input": TEXTS[0], "task": "embed"})
+    tokens = post(dialect_server, "/pooling", {"model": "colbert", "input": TEXTS[0], "task": "token_embed"})
+    assert np.asarray(tokens["data"][0]["data"]).ndim == 2
+    np.testing.assert_allclose(pooled["data"][0]["data"], full, atol=1e-6)
+    cut_at = {"model": MINILM, "input": TEXTS[0], "truncate_prompt_tokens": 4}
+    left = post(dialect_server, "/pooling", cut_at)["data"][0]["data"]
+    right = post(dialect_server, "/pooling", {**cut_at, "truncation_side": "right"})["data"][0]["data"]
+    assert np.allclose(left, post(dialect_server, "/pooling", {**cut_at, "truncation_side": "left"})["data"][0]["data"])
+    assert not np.allclose(left, right)
+
+
 BAD: list[tuple[str, str, dict[str, Any], int]] = [
     ("lengths differ", "/score", {"model": "ce", "text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, 400),
     ("empty text", "/score", {"model": "ce", "text_1": "a", "text_2": [" "]}, 400),
@@ -62,6 +90,19 @@ BAD: list[tuple[str, str, dict[str, Any], int]] = [
     ("no text_2", "/v1/score", {"model": "ce", "text_1": "a"}, 422),
     ("a classifier cannot score", "/score", {"model": "clf", "text_1": "a", "text_2": "b"}, 400),
     ("pooling a reranker", "/pooling", {"model": "ce", "input": "a"}, 400),
+    (
+        "unnormalised from a normalising model",
+        "/pooling",
+        {"model": MINILM, "input": "a", "use_activation": False},
+        400,
+    ),
+    ("dimensions of token vectors", "/pooling", {"model": "colbert", "input": "a", "dimensions": 8}, 400),
+    ("a pooled vector of a token model", "/pooling", {"model": "colbert", "input": "a", "task": "embed"}, 400),
+    ("token vectors of a pooled model", "/pooling", {"model": MINILM, "input": "a", "task": "token_embed"}, 400),
+    ("no special tokens", "/pooling", {"model": MINILM, "input": "a", "add_special_tokens": False}, 400),
+    ("padded", "/score", {"model": "ce", "text_1": "a", "text_2": "b", "padding": "max_length"}, 400),
+    ("float16 bytes", "/pooling", {"model": MINILM, "input": "a", "embed_dtype": "float16"}, 422),
+    ("a task not served", "/pooling", {"model": MINILM, "input": "a", "task": "classify"}, 422),
 ]
 
 
