@@ -54,10 +54,8 @@ def file_object(record: FileRecord) -> dict[str, Any]:
 def batch_object(job: JobRecord) -> dict[str, Any]:
     errors = None
     if job.error is not None:
-        errors = {
-            "object": "list",
-            "data": [{"code": "batch_failed", "message": job.error, "param": None, "line": None}],
-        }
+        code = job.error_code or "batch_failed"
+        errors = {"object": "list", "data": [{"code": code, "message": job.error, "param": None, "line": None}]}
     return {
         "id": job.id,
         "object": "batch",
@@ -87,11 +85,19 @@ def page(request: Request, default: int, most: int) -> tuple[str | None, int]:
     after, limit = request.query_params.get("after"), request.query_params.get("limit")
     if limit is None:
         return after, default
-    if not limit.isdigit() or not 1 <= int(limit) <= most:
-        raise HTTPError(
-            400, f"limit must be a whole number from 1 to {most}, got {limit!r}", code="invalid_limit", param="limit"
-        )
-    return after, int(limit)
+    return after, whole_number(limit, "limit", 1, most)
+
+
+def whole_number(text: str, name: str, low: int, high: int) -> int:
+    """`text` as a whole number from `low` to `high`, else a 400 naming `name`. ASCII digits only,
+    and no more of them than `high` has: `str.isdigit` also passes digits such as '²' that `int`
+    refuses, and `int` refuses more than 4,300 digits."""
+    digits = text.lstrip("0") or "0"
+    if text.isascii() and text.isdigit() and len(digits) <= len(str(high)) and low <= int(digits) <= high:
+        return int(digits)
+    shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text):,} characters)"
+    message = f"{name} must be a whole number from {low} to {high}, got {shown}"
+    raise HTTPError(400, message, code=f"invalid_{name}", param=name)
 
 
 def listing(objects: list[dict[str, Any]], limit: int) -> Response:

@@ -4,6 +4,10 @@ A line counts as done when its result is stored (`Store.record`); a job resumed 
 skips every line whose result is stored and runs the others, so no line is lost and none is
 answered twice. A line refused for load (429) waits as told and runs again; one that met a
 model unavailable or a deadline (503, 504) runs again a few times before its answer stands.
+
+A line whose result would take the batch files past `server.batch_max_disk_bytes` is not stored:
+its job stops there (its lines in flight dropped), writes the result files of the lines stored,
+which fit in the budget, and ends `failed` with a `storage_full` error.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from collections.abc import AsyncGenerator, Callable, Generator
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from infinity_server.batches.files import Folder
-from infinity_server.batches.lines import Dispatch, Line, line_id, parse
-from infinity_server.batches.store import ACTIVE, FINAL, FileRecord, JobRecord, LineResult, Store
+from infinity_server.batches.lines import Dispatch, Line, line_id, output_line, parse
+from infinity_server.batches.store import ACTIVE, FINAL, FileRecord, JobRecord, LineResult, StorageFull, Store
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,8 @@ class Runner:
         self.concurrency, self.settled = concurrency, settled
         self._wake = asyncio.Event()
         self._cancelled: set[str] = set()
+        #: Jobs stopped by a result that did not fit in the disk budget, with that refusal.
+        self._full: dict[str, StorageFull] = {}
         self._lines: dict[str, set[asyncio.Future[None]]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -83,9 +89,15 @@ class Runner:
     def cancel(self, job_id: str) -> None:
         """Stop job `job_id` (already marked `cancelling`): its lines in flight are dropped."""
         self._cancelled.add(job_id)
-        for task in self._lines.get(job_id, ()):
-            task.cancel()
+        self._drop_lines(job_id)
         self._wake.set()
+
+    def _drop_lines(self, job_id: str) -> None:
+        """Cancel the job's lines in flight but the one calling (which is ending by itself)."""
+        caller = asyncio.current_task()
+        for task in self._lines.get(job_id, ()):
+            if task is not caller:
+                task.cancel()
 
     async def _run_jobs(self) -> None:
         await self.metrics.refresh(self.store)
@@ -103,7 +115,10 @@ class Runner:
             except Exception as error:  # a job that cannot go on must not stop the others
                 log.exception("batch %s failed", job.id)
                 message = f"the server could not run this batch: {type(error).__name__}: {error}"
-                await self.store.call(self.store.set_status, job.id, "failed", error=message)
+                await self.store.call(self.store.fail, job.id, message)
+            finally:
+                self._cancelled.discard(job.id)
+                self._full.pop(job.id, None)
             await self.metrics.refresh(self.store)
 
     async def _run(self, job: JobRecord) -> None:
@@ -113,15 +128,27 @@ class Runner:
         if job.status == "in_progress":
             if not self.folder.path(job.input_file_id).is_file():
                 message = f"the input file '{job.input_file_id}' is gone from the server's batch_dir"
-                await self.store.call(self.store.set_status, job.id, "failed", error=message)
+                await self.store.call(self.store.fail, job.id, message)
                 return
             await self._run_lines(job)
-            job = await self.store.call(self.store.set_status, job.id, "finalizing", only_from=("in_progress",))
+            job = await self._lines_ran(job)
             await self.metrics.refresh(self.store)
         if job.status in ("finalizing", "cancelling"):  # else cancelled before it started
             outputs = await self.store.call(self._write_outputs, job.id)
             await self.store.call(self.store.finish, job.id, outputs)
-        self._cancelled.discard(job.id)
+
+    async def _lines_ran(self, job: JobRecord) -> JobRecord:
+        """The job after its lines: `finalizing`, with the disk budget's error if it was halted."""
+        full = self._full.pop(job.id, None)
+        if full is None:
+            return await self.store.call(self.store.set_status, job.id, "finalizing", only_from=("in_progress",))
+        message = (
+            f"this batch stopped because its results outgrew the storage the batch API may use: {full}. "
+            "Its output and error files hold the lines that finished (request_counts); delete files you no "
+            "longer need (DELETE /v1/files/{id}) and submit the other lines again, or raise "
+            "server.batch_max_disk_bytes"
+        )
+        return await self.store.call(self.store.halt, job.id, "storage_full", message)
 
     async def _run_lines(self, job: JobRecord) -> None:
         """Every line of the job whose result is not stored yet, `concurrency` at a time."""
@@ -136,7 +163,7 @@ class Runner:
             async with contextlib.aclosing(_read(self.folder.lines(job.input_file_id, done))) as lines:
                 async for number, raw in lines:
                     await slots.acquire()
-                    if job.id in self._cancelled:
+                    if job.id in self._cancelled or job.id in self._full:
                         break
                     line = asyncio.ensure_future(self._line(job, number, raw))
                     tasks.add(line)
@@ -154,7 +181,15 @@ class Runner:
     async def _line(self, job: JobRecord, number: int, raw: bytes) -> None:
         parsed = parse(number, raw, job.endpoint, self.dispatch.endpoints)
         result = parsed if isinstance(parsed, LineResult) else await self._answer(job, parsed)
-        if await self.store.call(self.store.record, job.id, result):
+        # Sized as the result files will hold it, so the budget counts exactly what finalising writes.
+        size = len(output_line(job.id, result))
+        try:
+            stored = await self.store.call(self.store.record, job.id, result, size)
+        except StorageFull as full:
+            self._full.setdefault(job.id, full)
+            self._drop_lines(job.id)
+            return
+        if stored:
             self.metrics.line(result.status)
 
     async def _answer(self, job: JobRecord, line: Line) -> LineResult:

@@ -9,6 +9,9 @@ from pydantic import BaseModel, Field, StrictStr
 
 from infinity_server.schemas.common import Body
 
+#: OpenAI's limits on a batch's metadata: pairs, and characters of a key and of a value.
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+
 JobStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]
@@ -22,7 +25,18 @@ class BatchCreateRequest(Body):
         description="the route each line runs: OpenAI's or Infinity's embeddings, rerank, encode or classify"
     )
     completion_window: StrictStr = Field(description="24h, the only window accepted")
-    metadata: dict[StrictStr, StrictStr] | None = Field(default=None, max_length=16)
+    # The limits are checked by the service (a 400 in OpenAI's shape, as OpenAI answers), not here
+    # (a 422); they are declared for the API document.
+    metadata: dict[StrictStr, StrictStr] | None = Field(
+        default=None,
+        description=f"up to {METADATA_PAIRS} pairs: keys up to {METADATA_KEY_CHARS} characters, values up to "
+        f"{METADATA_VALUE_CHARS}",
+        json_schema_extra={
+            "maxProperties": METADATA_PAIRS,
+            "propertyNames": {"maxLength": METADATA_KEY_CHARS},
+            "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_CHARS},
+        },
+    )
 
 
 class FileUpload(BaseModel):

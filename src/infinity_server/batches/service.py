@@ -17,10 +17,15 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
 from infinity_server.batches.files import Folder, Limits
-from infinity_server.batches.lines import Dispatch
+from infinity_server.batches.lines import Dispatch, output_line
 from infinity_server.batches.runner import BatchMetrics, Runner
-from infinity_server.batches.schemas import BatchCreateRequest
-from infinity_server.batches.store import FileRecord, JobRecord, Store, new_id
+from infinity_server.batches.schemas import (
+    METADATA_KEY_CHARS,
+    METADATA_PAIRS,
+    METADATA_VALUE_CHARS,
+    BatchCreateRequest,
+)
+from infinity_server.batches.store import FileRecord, JobRecord, LineResult, Store, new_id
 from infinity_server.errors import HTTPError
 from infinity_server.settings import ServerSettings
 from model_registry.errors import ConfigError
@@ -47,7 +52,7 @@ class Batches:
     async def start(self, app: Starlette) -> None:
         if self.settings.batch_dir is None:
             return
-        store, folder = await asyncio.to_thread(_open, self.settings.batch_dir)
+        store, folder = await asyncio.to_thread(_open, self.settings.batch_dir, self.settings.batch_max_disk_bytes)
         registry = app.state.registry
         concurrency = self.settings.batch_concurrency
         dispatch = Dispatch(app)
@@ -78,7 +83,7 @@ class Batches:
         limits = Limits(self.settings.batch_max_file_bytes, self.settings.batch_max_requests)
         record = await asyncio.to_thread(folder.save, source, owner, filename, limits)
         try:
-            await store.call(store.add_file, record, self.settings.batch_max_disk_bytes)
+            await store.call(store.add_file, record)
         except BaseException:
             folder.remove(record.id)
             raise
@@ -93,6 +98,8 @@ class Batches:
         if body.completion_window not in WINDOW_SECONDS:
             message = f"completion_window must be {' or '.join(WINDOW_SECONDS)}, got {body.completion_window!r}"
             raise HTTPError(400, message, code="invalid_completion_window", param="completion_window")
+        if body.metadata is not None:
+            _check_metadata(body.metadata)
         source = await store.call(store.file, owner, body.input_file_id)
         _check_input(source, self.settings.batch_max_requests)
         now = int(time.time())
@@ -102,7 +109,8 @@ class Batches:
             now + WINDOW_SECONDS[body.completion_window], None, None, None, None, None, None, None, None,
             source.lines, 0, 0, metadata, None,
         )  # fmt: skip
-        await store.call(store.add_job, job, self.settings.batch_max_jobs_per_key)
+        least = source.lines * least_result_bytes(job.id)
+        await store.call(store.add_job, job, self.settings.batch_max_jobs_per_key, least)
         runner.wake()
         await self.metrics.refresh(store)
         return job
@@ -121,12 +129,18 @@ def upload_limit(server: ServerSettings) -> int | None:
     return server.batch_max_file_bytes + _FORM_OVERHEAD if server.batch_dir is not None else None
 
 
-def _open(batch_dir: str) -> tuple[Store, Folder]:
+def least_result_bytes(job_id: str) -> int:
+    """The fewest bytes one line's result can take in a result file: a one-character custom_id
+    and an empty answer (every answer and every failure's line is longer)."""
+    return len(output_line(job_id, LineResult(1, "x", 200, b"{}")))
+
+
+def _open(batch_dir: str, disk_budget: int) -> tuple[Store, Folder]:
     """The database and the files of `batch_dir`, created if new; bytes never recorded dropped."""
     root = Path(batch_dir).expanduser()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        store, folder = Store.open(root / "batches.sqlite3"), Folder(root)
+        store, folder = Store.open(root / "batches.sqlite3", disk_budget), Folder(root)
     except (OSError, sqlite3.Error) as error:
         raise ConfigError(f"server.batch_dir '{root}' cannot hold the batch database and files: {error}") from None
     folder.remove_strays(store.file_ids())
@@ -142,3 +156,26 @@ def _check_input(source: FileRecord, max_requests: int) -> None:
             f"file '{source.id}' holds {source.lines:,} requests, over server.batch_max_requests ({max_requests:,})"
         )
         raise HTTPError(400, message, code="too_many_requests", param="input_file_id")
+
+
+def _check_metadata(metadata: dict[str, str]) -> None:
+    """OpenAI's limits: a 400 naming `metadata`. Each job's metadata is in every list of jobs, so
+    these also bound what a list answers."""
+    problem = _metadata_problem(metadata)
+    if problem is not None:
+        message = (
+            f"metadata {problem} (OpenAI's limits: {METADATA_PAIRS} pairs, keys up to {METADATA_KEY_CHARS} "
+            f"characters, values up to {METADATA_VALUE_CHARS})"
+        )
+        raise HTTPError(400, message, code="invalid_metadata", param="metadata")
+
+
+def _metadata_problem(metadata: dict[str, str]) -> str | None:
+    if len(metadata) > METADATA_PAIRS:
+        return f"holds {len(metadata)} key-value pairs"
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            return f"key {key[:METADATA_KEY_CHARS]!r}... has {len(key):,} characters"
+        if len(value) > METADATA_VALUE_CHARS:
+            return f"value of key {key!r} has {len(value):,} characters"
+    return None

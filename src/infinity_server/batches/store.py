@@ -6,6 +6,11 @@ result and its job's counts change in one transaction: a line counts as done exa
 result is stored, and a result stored once is never replaced. With `synchronous=NORMAL` a commit
 survives the process being killed (the WAL is in the page cache); a power loss may take the last
 commits, which then run again.
+
+The store owns the disk budget (`server.batch_max_disk_bytes`): the files' bytes plus, for each
+job, the bytes its stored results will take in its output and error files (`result_bytes`, kept
+with the results in the same transaction), so an upload, a new job and a running job's next line
+all see the same total.
 """
 
 from __future__ import annotations
@@ -41,11 +46,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     expires_at INTEGER NOT NULL, in_progress_at INTEGER, finalizing_at INTEGER, completed_at INTEGER,
     failed_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER, output_file_id TEXT,
     error_file_id TEXT, total INTEGER NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
-    failed INTEGER NOT NULL DEFAULT 0, metadata TEXT, error TEXT);
+    failed INTEGER NOT NULL DEFAULT 0, metadata TEXT, error TEXT, result_bytes INTEGER NOT NULL DEFAULT 0,
+    error_code TEXT);
 CREATE TABLE IF NOT EXISTS results (
     job_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT, status INTEGER NOT NULL,
     body BLOB NOT NULL, PRIMARY KEY (job_id, line)) WITHOUT ROWID;
 """
+#: Columns of `jobs` added after its first release, added to a database made before them.
+_ADDED_COLUMNS = {"result_bytes": "INTEGER NOT NULL DEFAULT 0", "error_code": "TEXT"}
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,10 @@ class JobRecord:
     failed: int
     metadata: str | None
     error: str | None
+    #: The bytes its stored results will take in its output and error files (0 once written).
+    result_bytes: int = 0
+    #: The `errors` entry's code when it failed; None for the generic `batch_failed`.
+    error_code: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,17 @@ class LineResult:
     body: bytes
 
 
+class StorageFull(Exception):
+    """A line's result would take the batch files past the disk budget: it is not stored."""
+
+    def __init__(self, line: int, size: int, used: int, budget: int) -> None:
+        super().__init__(
+            f"line {line}'s result needs {size:,} bytes, but {used:,} of the {budget:,} bytes that batch files may "
+            "take (server.batch_max_disk_bytes) are in use"
+        )
+        self.line, self.size, self.used, self.budget = line, size, used, budget
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
@@ -107,16 +130,17 @@ def not_found(kind: str, ident: str) -> HTTPError:
 
 
 class Store:
-    """The database of one `batch_dir`; open it with `Store.open`, use it through `call`."""
+    """The database of one `batch_dir`, whose files and results may take `disk_budget` bytes;
+    open it with `Store.open`, use it through `call`."""
 
-    def __init__(self, connection: sqlite3.Connection, pool: ThreadPoolExecutor) -> None:
-        self._db, self._pool = connection, pool
+    def __init__(self, connection: sqlite3.Connection, pool: ThreadPoolExecutor, disk_budget: int) -> None:
+        self._db, self._pool, self.disk_budget = connection, pool, disk_budget
 
     @classmethod
-    def open(cls, path: Path) -> Store:
+    def open(cls, path: Path, disk_budget: int) -> Store:
         """Open (or create) the database at `path` on the store's thread."""
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store")
-        return cls(pool.submit(_connect, path).result(), pool)
+        return cls(pool.submit(_connect, path).result(), pool, disk_budget)
 
     async def call(self, method: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `method(*args, **kwargs)` (one of this store's) on its thread."""
@@ -129,22 +153,28 @@ class Store:
 
     # ---- files ------------------------------------------------------------------------------
 
-    def add_file(self, record: FileRecord, disk_budget: int) -> None:
-        """Record an uploaded file whose bytes are in place; 413 when the files would hold more
-        than `disk_budget` bytes (the caller then removes the bytes)."""
-        used = self.disk_used()
-        if used + record.bytes > disk_budget:
-            raise HTTPError(
-                413,
-                f"batch storage is full: {used:,} of {disk_budget:,} bytes (server.batch_max_disk_bytes) are in "
-                f"use and this file has {record.bytes:,}; delete files you do not need (DELETE /v1/files/{{id}})",
-                code="storage_full",
-            )
+    def add_file(self, record: FileRecord) -> None:
+        """Record an uploaded file whose bytes are in place; 413 when it does not fit in the disk
+        budget (the caller then removes the bytes)."""
+        self._check_room(record.bytes, f"this file has {record.bytes:,}")
         with self._db:
             self._db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", _row(record))
 
     def disk_used(self) -> int:
-        return int(self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files").fetchone()[0])
+        """The files' bytes, and the bytes the results held for jobs not yet written will take."""
+        files = "SELECT COALESCE(SUM(bytes), 0) FROM files"
+        results = "SELECT COALESCE(SUM(result_bytes), 0) FROM jobs"
+        return int(self._db.execute(f"SELECT ({files}) + ({results})").fetchone()[0])
+
+    def _check_room(self, size: int, what: str) -> None:
+        used = self.disk_used()
+        if used + size > self.disk_budget:
+            raise HTTPError(
+                413,
+                f"batch storage is full: {used:,} of {self.disk_budget:,} bytes (server.batch_max_disk_bytes) are in "
+                f"use and {what}; delete files you do not need (DELETE /v1/files/{{id}})",
+                code="storage_full",
+            )
 
     def file(self, owner: str, ident: str) -> FileRecord:
         row = self._db.execute("SELECT * FROM files WHERE id = ? AND owner = ?", (ident, owner)).fetchone()
@@ -174,8 +204,9 @@ class Store:
 
     # ---- jobs -------------------------------------------------------------------------------
 
-    def add_job(self, record: JobRecord, max_active: int) -> None:
-        """Record a new job; 429 when its owner has `max_active` jobs not yet finished."""
+    def add_job(self, record: JobRecord, max_active: int, least_bytes: int) -> None:
+        """Record a new job; 429 when its owner has `max_active` jobs not yet finished, 413 when
+        not even `least_bytes` (the smallest its results can be) fit in the disk budget."""
         active = self._db.execute(
             f"SELECT COUNT(*) FROM jobs WHERE owner = ? AND status IN {_ACTIVE_SQL}", (record.owner,)
         ).fetchone()[0]
@@ -186,8 +217,11 @@ class Store:
                 "(server.batch_max_jobs_per_key); wait for one to finish or cancel one",
                 code="too_many_batches",
             )
+        self._check_room(
+            least_bytes, f"the results of this batch's {record.total:,} requests take {least_bytes:,} at least"
+        )
         with self._db:
-            self._db.execute(f"INSERT INTO jobs VALUES ({', '.join('?' * 21)})", _row(record))
+            self._db.execute(f"INSERT INTO jobs VALUES ({', '.join('?' * len(_JOB_FIELDS))})", _row(record))
 
     def job(self, owner: str | None, ident: str) -> JobRecord:
         """The job `ident`, if `owner` made it (any owner's when None)."""
@@ -236,17 +270,28 @@ class Store:
 
     # ---- results ----------------------------------------------------------------------------
 
-    def record(self, ident: str, result: LineResult) -> bool:
-        """Store a line's result and count it, in one transaction; False if it was stored before."""
+    def record(self, ident: str, result: LineResult, size: int) -> bool:
+        """Store a line's result, which takes `size` bytes in a result file, and count it, in one
+        transaction; False if it was stored before. `StorageFull` (nothing stored) when it does not
+        fit in the disk budget."""
         column = "completed" if 200 <= result.status < 300 else "failed"
         with self._db:
-            added = self._db.execute(
-                "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?)",
+            stored = self._db.execute(
+                "SELECT 1 FROM results WHERE job_id = ? AND line = ?", (ident, result.line)
+            ).fetchone()
+            if stored is not None:
+                return False
+            used = self.disk_used()
+            if used + size > self.disk_budget:
+                raise StorageFull(result.line, size, used, self.disk_budget)
+            self._db.execute(
+                "INSERT INTO results VALUES (?, ?, ?, ?, ?)",
                 (ident, result.line, result.custom_id, result.status, result.body),
-            ).rowcount
-            if added:
-                self._db.execute(f"UPDATE jobs SET {column} = {column} + 1 WHERE id = ?", (ident,))
-        return bool(added)
+            )
+            self._db.execute(
+                f"UPDATE jobs SET {column} = {column} + 1, result_bytes = result_bytes + ? WHERE id = ?", (size, ident)
+            )
+        return True
 
     def done_lines(self, ident: str) -> set[int]:
         return {row[0] for row in self._db.execute("SELECT line FROM results WHERE job_id = ?", (ident,))}
@@ -261,11 +306,30 @@ class Store:
         for line, custom_id, status, body in cursor:
             yield LineResult(line, custom_id, status, bytes(body))
 
+    def halt(self, ident: str, code: str, message: str) -> JobRecord:
+        """Stop a running job for good: `finalizing`, with the error that `finish` ends it on (kept
+        in the database, so a restart before the files are written still ends it `failed`)."""
+        return self.set_status(
+            ident, "finalizing", only_from=("in_progress", "cancelling"), error=message, error_code=code
+        )
+
+    def fail(self, ident: str, message: str) -> JobRecord:
+        """End a job that cannot go on: `failed` with `message`, its stored results dropped."""
+        with self._db:
+            self._db.execute("DELETE FROM results WHERE job_id = ?", (ident,))
+            self._db.execute(
+                f"UPDATE jobs SET status = 'failed', failed_at = ?, error = ?, result_bytes = 0 "
+                f"WHERE id = ? AND status IN {_ACTIVE_SQL}",
+                (int(time.time()), message, ident),
+            )
+        return self.job(None, ident)
+
     def finish(self, ident: str, outputs: dict[str, FileRecord | None]) -> JobRecord:
         """Record the job's output and error files, drop its results, and end it in one
-        transaction: `cancelled` if it was cancelling, else `completed`."""
+        transaction: `failed` if it was halted with an error, `cancelled` if it was cancelling,
+        else `completed`. The files' bytes replace its `result_bytes` in the disk budget."""
         job = self.job(None, ident)
-        status = "cancelled" if job.status == "cancelling" else "completed"
+        status = "failed" if job.error is not None else "cancelled" if job.status == "cancelling" else "completed"
         stamp = int(time.time())
         files = [record for record in outputs.values() if record is not None]
         ids = {name: None if record is None else record.id for name, record in outputs.items()}
@@ -273,7 +337,7 @@ class Store:
             self._db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", map(_row, files))
             self._db.execute("DELETE FROM results WHERE job_id = ?", (ident,))
             self._db.execute(
-                f"UPDATE jobs SET status = ?, {status}_at = ?, output_file_id = ?, error_file_id = ? "
+                f"UPDATE jobs SET status = ?, {status}_at = ?, output_file_id = ?, error_file_id = ?, result_bytes = 0 "
                 "WHERE id = ? AND status IN ('finalizing', 'cancelling')",
                 (status, stamp, ids["output_file_id"], ids["error_file_id"], ident),
             )
@@ -293,8 +357,15 @@ def _connect(path: Path) -> sqlite3.Connection:
     connection.execute("PRAGMA journal_mode=WAL")
     connection.execute("PRAGMA synchronous=NORMAL")
     connection.executescript(_SCHEMA)
+    present = {row["name"] for row in connection.execute("PRAGMA table_info(jobs)")}
+    for name, declaration in _ADDED_COLUMNS.items():
+        if name not in present:
+            connection.execute(f"ALTER TABLE jobs ADD COLUMN {name} {declaration}")
     connection.isolation_level = "DEFERRED"  # `with connection:` commits or rolls back a transaction
     return connection
+
+
+_JOB_FIELDS = tuple(JobRecord.__dataclass_fields__)
 
 
 def _row(record: FileRecord | JobRecord) -> tuple[Any, ...]:
