@@ -184,7 +184,8 @@ Result: TypeAlias = Embedding | Score | Labels
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """One token of a tokenized text: its id, its text, and its character span (None for specials)."""
+    """One token of a tokenized text: its id, its text, and its span (in characters, or in UTF-8 bytes
+    where asked; None for specials)."""
 
     id: int
     text: str

@@ -146,11 +146,13 @@ async def embed_all(request: Request, body: TeiEmbedRequest) -> Vectors[TeiEmbed
 
 
 def _sequences(inputs: Any) -> tuple[list[list[str]], bool]:
-    """TEI's reading of `inputs`: a text, a pair `[a, b]`, or a batch; and whether it was a batch."""
+    """TEI's reading of `inputs` (its `PredictInput`): a text, or a list of strings, which is one
+    text `[a]` or one pair `[a, b]` (the body refuses more), is one input; a list of lists is a
+    batch. And whether it was a batch."""
     if isinstance(inputs, str):
         return [[inputs]], False
     if all(isinstance(v, str) for v in inputs):
-        return ([list(inputs)], False) if len(inputs) == 2 else ([[v] for v in inputs], True)
+        return [list(inputs)], False
     return [list(v) for v in inputs], True
 
 
@@ -159,7 +161,12 @@ def _predictions(info: ModelInfo, sequences: list[list[str]]) -> tuple[str, Any]
     pairs = [len(s) == 2 for s in sequences]
     if Capability.CLASSIFY in info.capabilities:
         if any(pairs):
-            raise InvalidInput(f"the model '{info.name}' classifies single texts, not pairs", param="inputs")
+            # The engine's classifiers read one text per input; a pair cut into one would be a wrong answer.
+            raise InvalidInput(
+                f"the model '{info.name}' is a classifier, and this server classifies single texts, not pairs; "
+                "send each input as a text (or [text]), or send pairs to a reranker",
+                param="inputs",
+            )
         return "classify", [s[0] for s in sequences]
     if not all(pairs):
         raise InvalidInput(f"the model '{info.name}' scores pairs; send each input as [query, text]", param="inputs")
@@ -248,23 +255,47 @@ async def similarity(request: Request, body: TeiSimilarityRequest) -> list[float
 # ---- tokenize, decode, info -----------------------------------------------------------------------
 
 
+#: The fewest bytes one token takes in the tokenize answer, its separator included: more tokens
+#: than `max_output_bytes` over this cannot fit, whatever their texts.
+_TOKEN_BYTES = len(orjson.dumps({"id": 0, "text": "", "special": False, "start": 0, "stop": 0})) + 1
+
+
 async def tokenize(request: Request, body: TeiTokenizeRequest) -> Response:
+    """Every token of each text, as TEI answers: never truncated, spans in UTF-8 bytes. The answer
+    is bounded by `server.max_output_bytes`: tokenizing stops at the tokens that cannot fit, and
+    the written answer is measured as it grows; either is a 400 before anything is sent."""
     model = model_for(request, body.model, "embed")
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    max_bytes: int = request.app.state.settings.server.max_output_bytes
     rows = await registry_of(request).tokenize(
-        model, texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
+        model,
+        texts,
+        add_special_tokens=body.add_special_tokens,
+        prompt_name=body.prompt_name,
+        byte_offsets=True,
+        # Tokens that cannot fit in max_output_bytes, whatever their texts: refused as they are counted.
+        max_tokens=max_bytes // _TOKEN_BYTES,
     )
     # 2,048 texts of 300 words are 32 MB of JSON: written off the event loop, a row at a time.
-    return Response(await asyncio.to_thread(_token_rows, rows), media_type="application/json")
+    return Response(await asyncio.to_thread(_token_rows, rows, max_bytes), media_type="application/json")
 
 
-def _token_rows(rows: list[list[Token]]) -> bytes:
+def _token_rows(rows: list[list[Token]], max_bytes: int) -> bytes:
     """TEI's tokenize answer, one row dumped at a time: each dump holds the interpreter for a row's
-    tokens only, so the event loop runs between rows instead of waiting for the whole answer."""
-    dumped = (
-        orjson.dumps([{"id": t.id, "text": t.text, "special": t.special, "start": t.start, "stop": t.stop} for t in r])
-        for r in rows
-    )
+    tokens only, so the event loop runs between rows instead of waiting for the whole answer.
+    An answer past `max_bytes` is `InvalidInput`, raised at the row that passes it."""
+    dumped: list[bytes] = []
+    size = 2
+    for index, row in enumerate(rows):
+        tokens = [{"id": t.id, "text": t.text, "special": t.special, "start": t.start, "stop": t.stop} for t in row]
+        dumped.append(orjson.dumps(tokens))
+        size += len(dumped[-1]) + 1
+        if size > max_bytes:
+            raise InvalidInput(
+                f"the tokens of these inputs take more than the server's max_output_bytes ({max_bytes:,} bytes) "
+                f"as JSON, passed at input {index}; send fewer or shorter inputs in each request",
+                param="inputs",
+            )
     return b"[" + b",".join(dumped) + b"]"
 
 
@@ -295,18 +326,23 @@ async def info(request: Request) -> TeiInfo:
     registry = registry_of(request)
     model = model_for(request, request.query_params.get("model"), "embed")
     described = registry.info(model)
+    spec = registry.spec(model)
     server = request.app.state.settings.server
+    budget = described.extra.get("batch_budget", {})
     return {
         "model_id": described.name,
         "model_sha": None,
         "model_dtype": described.dtype,
+        "served_model_name": described.name,
         "model_type": _model_type(described),
         "max_input_length": described.max_length,
         "max_client_batch_size": registry.config.max_inputs_per_request,
-        "max_concurrent_requests": None,
-        "max_batch_tokens": None,
-        "auto_truncate": None,
-        "tokenization_workers": None,
+        # The model's queue refuses (429) past this many inputs waiting; a request has one at least.
+        "max_concurrent_requests": spec.max_queued_items,
+        "max_batch_tokens": budget.get("tokens"),
+        "max_batch_requests": None,
+        "auto_truncate": spec.truncate,
+        "tokenization_workers": registry.config.prepare_threads,
         "version": __version__,
         "sha": None,
         "docker_label": None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 from typing_extensions import NotRequired, TypedDict
 
 from infinity_server.schemas.common import Body, Dimensions, EngineOptions, NonEmpty
@@ -46,19 +46,28 @@ class PredictParameters(Body):
 
 
 class TeiPredictRequest(TeiOptions):
-    """A text, a pair `[a, b]`, or a batch of texts and pairs `[[a], [a, b], ...]`.
+    """One input, a text `a`, `[a]` or a pair `[a, b]`, or a batch of texts and pairs
+    `[[a], [a, b], ...]`, as TEI's `PredictInput` reads them.
 
     `top_k` (or `parameters.top_k`, as `InferenceClient.text_classification(top_k=...)` sends it)
     keeps each text's best k labels."""
 
-    inputs: (
-        StrictStr
-        | Annotated[list[StrictStr], Field(min_length=1)]
-        | Annotated[list[PredictSequence], Field(min_length=1)]
-    )
+    inputs: StrictStr | PredictSequence | Annotated[list[PredictSequence], Field(min_length=1)]
     raw_scores: StrictBool = False
     top_k: TopK = None
     parameters: PredictParameters | None = None
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _one_text_or_a_pair(cls, value: Any) -> Any:
+        """A flat list of three or more strings is neither one input nor a batch (TEI refuses it too):
+        said here in one line rather than as every failed branch of the union."""
+        if isinstance(value, list) and len(value) > 2 and all(isinstance(v, str) for v in value):
+            raise ValueError(
+                f"a list of {len(value)} strings; a list of strings is one input, a text [a] or a pair "
+                "[a, b]: send a batch as a list of lists, [[a], [b], [c, d], ...]"
+            )
+        return value
 
     def top_labels(self) -> int | None:
         """How many labels to keep per text (None: all)."""
@@ -157,11 +166,15 @@ class TeiInfo(TypedDict):
     model_dtype: str
     model_type: TeiModelType
     max_input_length: int | None
+    served_model_name: str
     max_client_batch_size: int
-    max_concurrent_requests: None
-    max_batch_tokens: None
-    auto_truncate: None
-    tokenization_workers: None
+    max_concurrent_requests: int
+    #: The loaded model's batch budget; None before it loads (the budget depends on its device).
+    max_batch_tokens: int | None
+    #: This server has no limit on requests per batch, only on their tokens.
+    max_batch_requests: None
+    auto_truncate: bool
+    tokenization_workers: int
     version: str
     sha: None
     docker_label: None

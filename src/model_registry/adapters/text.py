@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, cast
 
@@ -276,20 +277,48 @@ class TextTokenizer:
             ids = ids[:limit]
         return list(ids)
 
-    def tokens(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[Token]]:
-        """Each text's tokens as the model reads them (cut to its limit), with character spans."""
+    def tokens(
+        self,
+        texts: Sequence[str],
+        *,
+        add_special_tokens: bool,
+        cut: str | None = "longest_first",
+        byte_offsets: bool = False,
+        max_tokens: int | None = None,
+    ) -> list[list[Token]]:
+        """Each text's tokens as the model reads them, cut to its limit with `cut` (see `run`) or
+        whole with None, with character spans, or UTF-8 byte spans with `byte_offsets` (TEI's).
+        More than `max_tokens` in all is `InvalidInput`: texts are encoded a group at a time, so
+        the work and the rows held stop near the limit."""
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
-        rows = []
-        for text, encoding in zip(texts, self.run(texts, special=add_special_tokens, offsets=True), strict=True):
-            row = []
-            for token_id, (start, stop) in zip(encoding.ids, encoding.offsets, strict=True):
-                special = token_id in self._special
-                span = (None, None) if special else (int(start), int(stop))
-                piece = self.tokenizer.convert_ids_to_tokens(token_id) if special else text[start:stop]
-                row.append(Token(int(token_id), str(piece), special, *span))
-            rows.append(row)
+        rows: list[list[Token]] = []
+        total = 0
+        for group in _groups(texts, _GROUP_CHARS):
+            encoded = self.run(group, cut=cut, special=add_special_tokens, offsets=True)
+            total += sum(len(e.ids) for e in encoded)
+            if max_tokens is not None and total > max_tokens:
+                raise InvalidInput(
+                    f"these inputs have {total:,} tokens or more, more than the {max_tokens:,} that one answer "
+                    "may hold; send fewer or shorter inputs in each request",
+                    param="inputs",
+                )
+            rows += [self._token_row(text, e, byte_offsets) for text, e in zip(group, encoded, strict=True)]
         return rows
+
+    def _token_row(self, text: str, encoding: Any, byte_offsets: bool) -> list[Token]:
+        """One encoded text's tokens; special tokens have their own text and no span."""
+        at = _byte_offsets(text) if byte_offsets else None
+        row = []
+        for token_id, (start, stop) in zip(encoding.ids, encoding.offsets, strict=True):
+            if token_id in self._special:
+                row.append(Token(int(token_id), str(self.tokenizer.convert_ids_to_tokens(token_id)), True, None, None))
+                continue
+            piece = text[start:stop]
+            if at is not None:
+                start, stop = at[start], at[stop]
+            row.append(Token(int(token_id), piece, False, int(start), int(stop)))
+        return row
 
     def _offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Each whole text's token spans, without special tokens."""
@@ -337,6 +366,32 @@ class TextTokenizer:
 
     def pad(self, sequences: Sequence[Sequence[int]]) -> Padded:
         return pad(sequences, self.pad_id, left=self.left_padding)
+
+
+#: Characters encoded at once by `TextTokenizer.tokens`: enough texts for the Rust tokenizer's
+#: threads, few enough that a request over its token limit stops soon after it.
+_GROUP_CHARS = 65_536
+
+
+def _groups(texts: Sequence[str], chars: int) -> list[list[str]]:
+    """`texts` in order, in groups of about `chars` characters (a longer text alone)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for text in texts:
+        if groups[-1] and size + len(text) > chars:
+            groups.append([])
+            size = 0
+        groups[-1].append(text)
+        size += len(text)
+    return groups if groups[0] else []
+
+
+def _byte_offsets(text: str) -> list[int] | None:
+    """Where each character of `text` starts in its UTF-8 bytes, and its end (index len(text)); None
+    for ASCII, whose byte offsets are its character offsets. Lone surrogates count their 3 bytes."""
+    if text.isascii():
+        return None
+    return list(accumulate((len(c.encode("utf-8", "surrogatepass")) for c in text), initial=0))
 
 
 def pad(sequences: Sequence[Sequence[int]], pad_id: int, *, left: bool) -> Padded:

