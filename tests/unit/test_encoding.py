@@ -16,8 +16,9 @@ from infinity_server.encoding import (
     encode_vectors,
     quantization_ranges,
     quantize,
+    sparse_entry,
 )
-from model_registry import Embedding, InvalidInput, Results
+from model_registry import BatchFailed, Embedding, InvalidInput, Results, SparseVector
 
 
 @pytest.fixture
@@ -93,3 +94,13 @@ def test_large_responses_are_written_off_the_event_loop() -> None:
     assert small == large == b"[1,2,3]"
     assert loop_thread[0] == threading.get_ident()  # asyncio.run runs the loop on this thread
     assert loop_thread[1] != threading.get_ident()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_vector_holding_nan_or_infinity_is_an_error_naming_its_input(bad: float) -> None:
+    rows = [np.ones(4, np.float32), np.array([0.5, bad, 0.5, 0.5], np.float32)]
+    for encoding_format in ("float", "base64"):
+        with pytest.raises(BatchFailed, match="output for input 1 holds NaN or infinity"):
+            encode_vectors(rows, "float32", encoding_format)
+    with pytest.raises(BatchFailed, match="a sparse vector"):
+        sparse_entry(SparseVector(np.array([3]), np.array([bad], np.float32)), with_tokens=False)
