@@ -18,7 +18,7 @@ from infinity_server.errors import HTTPError
 from infinity_server.fetch import FetchGate, FetchPolicy, MediaFetcher, shared_media_client
 from infinity_server.schemas.common import Body
 from infinity_server.settings import ServerSettings
-from model_registry import Cancelled, Media, Modality, Registry
+from model_registry import Cancelled, Capability, InvalidInput, Media, Modality, Registry
 
 M = TypeVar("M", bound=Body)
 T = TypeVar("T")
@@ -51,11 +51,48 @@ def registry_of(request: Request) -> Registry:
     return registry
 
 
+#: The model `infinity_client` sends when none is set: the server's choice, as a missing one.
+NOT_SPECIFIED = "default/not-specified"
+#: What a model must be able to do to be a route family's default.
+FAMILY_CAPABILITIES: dict[str, frozenset[Capability]] = {
+    "embed": frozenset({Capability.EMBED_TEXT}),
+    "embed_sparse": frozenset({Capability.SPARSE}),
+    "embed_all": frozenset({Capability.MULTIVECTOR}),
+    "predict": frozenset({Capability.CLASSIFY, Capability.RERANK}),
+    "rerank": frozenset({Capability.RERANK}),
+}
+
+
+def model_for(request: Request, asked: str | None, family: str) -> str:
+    """The body's model, else the family's configured default, else the only served model, else the
+    only served model that can serve the family."""
+    if asked is not None:
+        return asked
+    configured: dict[str, str] = request.app.state.settings.server.default_models
+    if family in configured:
+        return configured[family]
+    registry = registry_of(request)
+    names = registry.names()
+    if len(names) == 1:
+        return names[0]
+    able = [i.name for i in registry.infos() if i.capabilities & FAMILY_CAPABILITIES[family]]
+    if len(able) == 1:
+        return able[0]
+    which = f"{len(able)} of them can serve it ({', '.join(able)})" if able else "none of them can serve it"
+    raise InvalidInput(
+        f"this server serves {len(names)} models ({', '.join(names)}) and {which}; name one in 'model', "
+        f"or set server.default_models.{family} in the configuration",
+        param="model",
+    )
+
+
 async def parse_body(request: Request, model: type[M], data: dict[str, Any] | None = None) -> M:
     """The JSON body (or `data`, already read from it) validated into `model`: malformed JSON or a
     wrong shape is a 422. Every body is validated here, so this is the one place where a priority
     is checked: one above the default without the right to raise it is a 403, before anything else."""
     data = await read_object(request) if data is None else data
+    if model.model_family is not None and data.get("model") in (None, NOT_SPECIFIED):
+        data = {**data, "model": model_for(request, None, model.model_family)}
     if "priority" in model.model_fields:
         asked = data.get("priority")
         if isinstance(asked, int) and not isinstance(asked, bool):

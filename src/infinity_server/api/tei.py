@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from infinity_server import __version__
 from infinity_server.api import infinity
-from infinity_server.api.common import parse_body, registry_of
+from infinity_server.api.common import model_for, parse_body, registry_of
 from infinity_server.api.openai import late_spans
 from infinity_server.encoding import column, dense_vectors, numbers_in, output_limit
 from infinity_server.errors import HTTPError, Shape, answer_in
@@ -48,38 +48,6 @@ from infinity_server.schemas.tei import (
     TeiTokenizeResponse,
 )
 from model_registry import Capability, InvalidInput, Kind, ModelInfo, OutputLimit, Results, Token
-
-#: What a model must be able to do to be a route family's default.
-FAMILY_CAPABILITIES: dict[str, frozenset[Capability]] = {
-    "embed": frozenset({Capability.EMBED_TEXT}),
-    "embed_sparse": frozenset({Capability.SPARSE}),
-    "embed_all": frozenset({Capability.MULTIVECTOR}),
-    "predict": frozenset({Capability.CLASSIFY, Capability.RERANK}),
-    "rerank": frozenset({Capability.RERANK}),
-}
-
-
-def model_for(request: Request, asked: str | None, family: str) -> str:
-    """The body's model, else the family's configured default, else the only served model, else the
-    only served model that can serve the family."""
-    if asked is not None:
-        return asked
-    configured: dict[str, str] = request.app.state.settings.server.default_models
-    if family in configured:
-        return configured[family]
-    registry = registry_of(request)
-    names = registry.names()
-    if len(names) == 1:
-        return names[0]
-    able = [i.name for i in registry.infos() if i.capabilities & FAMILY_CAPABILITIES[family]]
-    if len(able) == 1:
-        return able[0]
-    which = f"{len(able)} of them can serve it ({', '.join(able)})" if able else "none of them can serve it"
-    raise InvalidInput(
-        f"this server serves {len(names)} models ({', '.join(names)}) and {which}; name one in 'model', "
-        f"or set server.default_models.{family} in the configuration",
-        param="model",
-    )
 
 
 def _direction(options: TeiOptions | Any) -> str:

@@ -53,8 +53,12 @@ InfinityDimensions = Annotated[
 TruncationDirection = Literal["left", "right", "Left", "Right"]
 
 
-def _null_allowed(schema: dict[str, Any]) -> None:
-    """The document says what `Body` accepts: null for every field that has a default."""
+def _null_allowed(schema: dict[str, Any], cls: type[Any]) -> None:
+    """The document says what `Body` accepts: null for every field that has a default, and no
+    `model` needed where the dialect lets it be left out (`Body.model_family`)."""
+    if getattr(cls, "model_family", None) is not None and "model" in schema.get("required", ()):
+        schema["required"] = [name for name in schema["required"] if name != "model"]
+        schema["properties"]["model"]["description"] = "left out: the route's default model (docs/dialects)"
     required = set(schema.get("required", ()))
     for name, field in schema.get("properties", {}).items():
         if name in required or _accepts_null(field):
@@ -74,6 +78,9 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, json_schema_extra=_null_allowed)
     #: The body's `priority` is a `LowerFirstPriority` (its dialect runs lower numbers first).
     lower_priority_first: ClassVar[bool] = False
+    #: A body whose dialect lets `model` be left out (Infinity's, vLLM's) names the route family
+    #: whose default model it then runs (`api.common.model_for`).
+    model_family: ClassVar[str | None] = None
 
     @model_validator(mode="before")
     @classmethod

@@ -26,6 +26,7 @@ class RerankWeights(Body):
 
 
 class RerankRequest(ModelOptions):
+    model_family = "rerank"
     query: StrictStr
     documents: list[Any]
     top_n: StrictInt | None = Field(default=None, ge=1)
@@ -39,6 +40,7 @@ class RerankRequest(ModelOptions):
 
 
 class ClassifyRequest(ModelOptions):
+    model_family = "predict"
     input: StrictStr | list[StrictStr]
     raw_scores: StrictBool = False
 

@@ -12,6 +12,7 @@ from infinity_server.schemas.common import Body, InfinityDimensions, NonEmpty, P
 class MediaEmbeddingRequest(Body):
     """Infinity's `POST /embeddings_image` and `/embeddings_audio`: URLs or data URIs."""
 
+    model_family = "embed"
     model: StrictStr
     input: NonEmpty | list[NonEmpty]
     encoding_format: Literal["float", "base64"] = "float"

@@ -60,4 +60,6 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit):
 class InfinityEmbeddingRequest(EmbeddingRequest):
     """Infinity's `POST /embeddings`: the same body, where `dimensions: 0` means the whole vector."""
 
+    model_family = "embed"
+
     dimensions: InfinityDimensions = None

@@ -22,6 +22,7 @@ class VllmOptions(ModelOptions, PromptTokenLimit):
 
     lower_priority_first = True
     priority: LowerFirstPriority = None
+    model_family = "embed"
     # vLLM's side to cut when a text is cut (its default keeps the last tokens of `k`).
     truncation_side: Literal["left", "right"] | None = None
     add_special_tokens: StrictBool = True
@@ -49,6 +50,7 @@ class ScoreRequest(VllmOptions):
     `use_activation: false` (or vLLM's older `activation`, `softmax`) answers a cross-encoder's raw
     logits."""
 
+    model_family = "rerank"
     text_1: Texts
     text_2: Texts
     encoding_format: EncodingFormat = "float"

@@ -116,6 +116,30 @@ def test_bad_vllm_requests_answer_in_the_openai_shape(
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_infinity_and_vllm_bodies_without_a_model_run_the_configured_default(dialect_server: LiveServer) -> None:
+    from infinity_client import Client
+    from infinity_client.api.default import embeddings, rerank
+    from infinity_client.models import OpenAIEmbeddingInputText, OpenAIEmbeddingResult, RerankInput, ReRankResult
+
+    with Client(base_url=dialect_server.url, timeout=None) as client:  # it sends "default/not-specified"
+        vectors = embeddings.sync(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS))
+        ranked = rerank.sync(client=client, body=RerankInput(query="guitar", documents=TEXTS))
+    assert isinstance(vectors, OpenAIEmbeddingResult)
+    assert isinstance(ranked, ReRankResult)
+    named = post(dialect_server, "/embeddings", {"model": MINILM, "input": TEXTS})["data"]
+    got = np.asarray([v.embedding for v in vectors.data], dtype=np.float64)
+    np.testing.assert_allclose(got, [d["embedding"] for d in named], atol=1e-6)
+    expected = rerank_scores(dialect_server, "ce", "guitar", TEXTS)
+    assert [r.relevance_score for r in sorted(ranked.results, key=lambda r: r.index)] == pytest.approx(expected)
+    pooled = post(dialect_server, "/pooling", {"input": TEXTS[0]})["data"][0]["data"]
+    np.testing.assert_allclose(pooled, named[0]["embedding"], atol=1e-6)
+    scored = post(dialect_server, "/score", {"text_1": "guitar", "text_2": TEXTS})["data"]
+    assert [d["score"] for d in scored] == pytest.approx(expected, abs=1e-6)
+    labels = post(dialect_server, "/classify", {"input": TEXTS[:1]})
+    assert labels["model"] == "clf"
+    assert labels["data"] == post(dialect_server, "/classify", {"model": "clf", "input": TEXTS[:1]})["data"]
+
+
 def test_infinity_client_embeddings_and_rerank(dialect_server: LiveServer) -> None:
     from infinity_client import Client
     from infinity_client.api.default import embeddings, rerank
