@@ -8,6 +8,7 @@ list is one shape for both clients: OpenAI's fields, and Infinity's `stats` and 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,7 +105,14 @@ async def embeddings(request: Request, body: EmbeddingRequest) -> Vectors[Embedd
 async def infinity_embeddings(
     request: Request, body: InfinityEmbeddingRequest
 ) -> Vectors[EmbeddingResponse | LateEmbeddingResponse]:
-    return await embeddings(request, body)
+    """OpenAI's answer with Infinity's `id` and `created` beside it."""
+    answer = await embeddings(request, body)
+    stamp = {"id": f"infinity-{uuid.uuid4()}", "created": int(time.time())}
+
+    def build() -> EmbeddingResponse | LateEmbeddingResponse:
+        return {**answer.build(), **stamp}  # type: ignore[return-value]
+
+    return Vectors(build, answer.numbers)
 
 
 def model_entry(info: ModelInfo) -> ModelEntry:

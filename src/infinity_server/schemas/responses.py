@@ -70,6 +70,8 @@ class EmbeddingResponse(TypedDict):
     data: list[EmbeddingData]
     model: str
     usage: Usage
+    id: NotRequired[str]  # Infinity's paths
+    created: NotRequired[int]
 
 
 class SpanVector(TypedDict):
@@ -93,6 +95,8 @@ class LateEmbeddingResponse(TypedDict):
     data: list[LateEmbeddingData]
     model: str
     usage: Usage
+    id: NotRequired[str]  # Infinity's paths
+    created: NotRequired[int]
 
 
 class ModelStats(TypedDict):

@@ -126,6 +126,8 @@ def test_infinity_and_vllm_bodies_without_a_model_run_the_configured_default(dia
         ranked = rerank.sync(client=client, body=RerankInput(query="guitar", documents=TEXTS))
     assert isinstance(vectors, OpenAIEmbeddingResult)
     assert isinstance(ranked, ReRankResult)
+    assert isinstance(vectors.id, str)
+    assert isinstance(vectors.created, int)  # Infinity's answer has both; OpenAI's neither
     named = post(dialect_server, "/embeddings", {"model": MINILM, "input": TEXTS})["data"]
     got = np.asarray([v.embedding for v in vectors.data], dtype=np.float64)
     np.testing.assert_allclose(got, [d["embedding"] for d in named], atol=1e-6)
