@@ -9,6 +9,7 @@ sparse vectors (SPLADE), else the cosine of dense vectors. A model with more tha
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -18,7 +19,7 @@ import numpy as np
 
 from model_registry import validation
 from model_registry.adapters.base import Adapter
-from model_registry.errors import InvalidInput, UnsupportedOperation
+from model_registry.errors import BatchFailed, InvalidInput, UnsupportedOperation
 from model_registry.runner import Runner
 from model_registry.similarity import cosine, maxsim, sparse_dot
 from model_registry.types import Capability, Embedding, EmbedItem, Kind, Output, PairItem, Result, Results, Score, Text
@@ -118,7 +119,19 @@ def pair_scores(results: Sequence[Result], raw_scores: bool) -> list[float]:
 
 
 def embedding_scores(method: str, query: Result, documents: Sequence[Result], *, mean_maxsim: bool) -> list[float]:
-    """Scores of each document embedding against the query embedding, by `method`."""
+    """Scores of each document embedding against the query embedding, by `method`; a score of NaN
+    or infinity (vectors that overflowed) is `BatchFailed`, never a rank."""
+    scores = _embedding_scores(method, query, documents, mean_maxsim=mean_maxsim)
+    bad = next((i for i, s in enumerate(scores) if not math.isfinite(s)), None)
+    if bad is not None:
+        raise BatchFailed(
+            f"the model's vectors score document {bad} as NaN or infinity (a model run in float16 can "
+            "overflow: run it in bfloat16 or float32 with its `dtype`)"
+        )
+    return scores
+
+
+def _embedding_scores(method: str, query: Result, documents: Sequence[Result], *, mean_maxsim: bool) -> list[float]:
     if not isinstance(query, Embedding) or not all(isinstance(d, Embedding) for d in documents):
         raise TypeError("This is a bug: an embedding model returned something else")
     docs = [d for d in documents if isinstance(d, Embedding)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
@@ -26,12 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+
 from model_registry import devices
 from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
 from model_registry.errors import BatchFailed, Cancelled, DeadlineExceeded, ModelUnavailable, RegistryError
 from model_registry.timing import BatchTimes
-from model_registry.types import EmbedItem, Item, Media, Prepared
+from model_registry.types import EmbedItem, Item, Labels, Media, Prepared, Result, Score
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +307,10 @@ class Worker:
         else:
             self._stamp(batch, forward_start, forward_end)
             for entry, result in zip(batch.entries, results, strict=True):
-                entry.request.deliver(entry.prepared.index, result)
+                if _finite_scores(result):
+                    entry.request.deliver(entry.prepared.index, result)
+                else:
+                    entry.request.fail(self._not_finite(entry.prepared.index))
         ended = time.perf_counter()
         seconds = ended - started
         # Admission plans with the rate batches are served at: every stage a batch goes through, and
@@ -348,9 +354,25 @@ class Worker:
         for request in {id(e.request): e.request for e in batch.entries}.values():
             request.batches.append(times)
 
+    def _not_finite(self, index: int) -> BatchFailed:
+        return BatchFailed(
+            f"the model '{self.name}' scored input {index} as NaN or infinity (a model run in float16 can "
+            "overflow: run it in bfloat16 or float32 with its `dtype`)"
+        )
+
     def _fail(self, batch: Batch, error: Exception) -> None:
         if not isinstance(error, RegistryError):
             log.error("model '%s' failed a batch of %d items: %r", self.name, len(batch.entries), error)
             error = BatchFailed(f"the model '{self.name}' failed while processing this request: {error}")
         for request in {e.request for e in batch.entries}:
             request.fail(error)
+
+
+def _finite_scores(result: Result) -> bool:
+    """False for a score or label logits holding NaN or infinity, which a sort or JSON would turn
+    into a silent wrong answer. Vectors are checked where they are encoded, as one array each."""
+    if isinstance(result, Score):
+        return math.isfinite(result.value)
+    if isinstance(result, Labels):
+        return bool(np.isfinite(result.logits).all())
+    return True

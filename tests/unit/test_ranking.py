@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from model_registry.classify import classification
-from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.ranking import check_rerank_input, ranking, rerank_method
+from model_registry.errors import BatchFailed, InvalidInput, UnsupportedOperation
+from model_registry.ranking import COSINE, check_rerank_input, embedding_scores, ranking, rerank_method
 from model_registry.similarity import sparse_dot
-from model_registry.types import Capability, Labels, SparseVector
+from model_registry.types import Capability, Embedding, Labels, SparseVector
 
 
 def test_method_follows_capabilities() -> None:
@@ -59,3 +59,11 @@ def test_sparse_dot_matches_dense_dot() -> None:
     a = SparseVector(np.array([1, 5, 9]), np.array([0.5, 2.0, 1.0], np.float32))
     b = SparseVector(np.array([9, 2, 5]), np.array([3.0, 1.0, 0.25], np.float32))
     assert sparse_dot(a, b) == pytest.approx(0.5 * 0 + 2.0 * 0.25 + 1.0 * 3.0)
+
+
+def test_embedding_scores_of_nan_or_infinity_are_an_error_naming_the_document() -> None:
+    query = Embedding(dense=np.array([1.0, 0.0], np.float32))
+    documents = [Embedding(dense=np.array([0.0, 1.0], np.float32)), Embedding(dense=np.array([np.nan, 1], np.float32))]
+    with pytest.raises(BatchFailed, match="score document 1 as NaN or infinity"):
+        embedding_scores(COSINE, query, documents, mean_maxsim=False)
+    assert embedding_scores(COSINE, query, documents[:1], mean_maxsim=False) == [0.0]

@@ -203,6 +203,21 @@ def test_a_failed_forward_fails_exactly_the_requests_of_its_batch_and_the_worker
     assert [s.failed for s in bench.stats] == [True, False]  # reported after delivery: read once stopped
 
 
+def test_a_score_of_nan_or_infinity_fails_its_request_alone() -> None:
+    bench = Bench(max_batch_tokens=30)
+    nan, fine, inf = bench.put(float("nan")), bench.put(2.0), bench.put(float("-inf"))  # one batch
+    bench.adapter.open()
+    bench.worker.start()
+    try:
+        assert {bench.outcomes.next() for _ in range(3)} == {nan, fine, inf}
+    finally:
+        bench.worker.stop(timeout=WAIT)
+    assert results(fine) == [Score(2.0)]
+    for failed in (nan, inf):
+        assert isinstance(failed.error, BatchFailed)
+        assert "scored input 0 as NaN or infinity" in str(failed.error)
+
+
 def test_a_failed_collate_fails_exactly_the_requests_of_its_batch(bench: Bench) -> None:
     bench.hold_in_forward(1.0)
     doomed = bench.put(2.0)
