@@ -137,27 +137,46 @@ def test_a_long_truncating_input_is_tokenized_on_the_prepare_threads(
     assert (100_000, True) not in longest
 
 
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """MiniLM alone, with the default `max_output_bytes` (64 MiB): room for a 32 MB answer."""
+    root = tmp_path_factory.mktemp("wide")
+    minilm = {"name": "minilm", "source": MINILM, "pin": True, "backend": "torch"}
+    config = {"models": [minilm], "server": {"host": "127.0.0.1"}}
+    with server_process(config, root) as live:
+        yield live
+
+
 @pytest.mark.slow
-def test_a_32_mb_tokenize_answer_is_built_off_the_event_loop(server: ServerProcess, client: httpx.Client) -> None:
+def test_a_32_mb_tokenize_answer_is_built_off_the_event_loop(wide: ServerProcess) -> None:
     from transformers import AutoTokenizer
 
     from model_registry.sources import resolve_source
 
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"] * 30
     texts = [f"{i} " + " ".join(words[:299]) for i in range(2048)]
-    start = server.rss
-    server.watch.reset(start)
-    response = client.post("/tokenize", json={"model": "minilm", "inputs": texts})
+    start = wide.rss
+    wide.watch.reset(start)
+    with wide.client() as client:
+        response = client.post("/tokenize", json={"model": "minilm", "inputs": texts})
     assert response.status_code == 200, response.text[:500]
     assert len(response.content) > 30 * 2**20
     # Checked before parsing: 32 MB of JSON holds this process's interpreter, the watcher's too.
-    assert_health_kept(server, start)
+    assert_health_kept(wide, start)
     rows = orjson.loads(response.content)
     assert len(rows) == len(texts)
     reference = AutoTokenizer.from_pretrained(str(resolve_source(MINILM)))
-    for index in (0, 2047):
-        expected = reference(texts[index], truncation=True, max_length=256)["input_ids"]
-        assert [token["id"] for token in rows[index]] == expected
+    for index in (0, 2047):  # every token, as TEI answers: /tokenize never truncates
+        assert [token["id"] for token in rows[index]] == reference(texts[index])["input_ids"]
+
+
+def test_a_tokenize_answer_over_max_output_bytes_is_refused_as_its_tokens_are_counted(
+    server: ServerProcess, client: httpx.Client, guarded: None
+) -> None:
+    texts = [" ".join(["alpha", "beta", "gamma"] * 100)] * 2048
+    response = client.post("/tokenize", json={"model": "minilm", "inputs": texts})
+    assert response.status_code == 400, response.text[:500]
+    assert "that one answer may hold" in response.json()["error"]
 
 
 # ---- the answer's size: estimated before any work, refused over `max_output_bytes` ---------------
