@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tests.integration.test_batches import DONE, FAKE, SLOW, embed_lines, jsonl, line, refusal, upload
@@ -145,3 +146,21 @@ def test_a_list_limit_out_of_range_or_not_a_number_is_a_400(serve: Any, tmp_path
         for path, most in (("/v1/files", 10_000), ("/v1/batches", 100)):
             assert http.get(path, params={"limit": "007"}).status_code == 200
             assert http.get(path, params={"limit": str(most)}).status_code == 200
+
+
+def test_a_line_larger_than_a_request_body_fails_alone_with_413(serve: Any, tmp_path: Path) -> None:
+    # Lines run below the body-limit middleware; over HTTP this body would be a 413 before any work.
+    server = serve({"models": [FAKE]}, batch_dir=str(tmp_path), max_body_bytes=4096, access_log=False)
+    rows = [
+        line("big", {"model": "fake", "input": ["word " * 200] * 8}),
+        line("small", {"model": "fake", "input": "a"}),
+    ]
+    with server.client() as http:
+        batch = wait(http, start(http, rows)["id"], lambda job: job["status"] in DONE)
+        assert batch["status"] == "completed", batch
+        assert batch["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+        (failed,) = [
+            orjson.loads(r) for r in http.get(f"/v1/files/{batch['error_file_id']}/content").content.splitlines()
+        ]
+        assert failed["response"]["status_code"] == 413
+        assert "server.max_body_bytes" in failed["response"]["body"]["error"]["message"]

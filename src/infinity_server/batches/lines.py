@@ -45,9 +45,16 @@ class Answer:
     retry_after: float | None = None
 
 
-def parse(number: int, raw: bytes, endpoint: str, endpoints: Sequence[str]) -> Line | LineResult:
-    """The line as a request of the batch's `endpoint`, or its failure (a 400) when malformed;
-    `endpoints` are the routes a batch may run."""
+def parse(number: int, raw: bytes, endpoint: str, endpoints: Sequence[str], max_bytes: int) -> Line | LineResult:
+    """The line as a request of the batch's `endpoint`, or its failure when malformed (400) or
+    larger than a request's body may be over HTTP (413, `server.max_body_bytes`); `endpoints` are
+    the routes a batch may run."""
+    if len(raw) > max_bytes:
+        message = (
+            f"line {number} is {len(raw):,} bytes, more than a request's body may be ({max_bytes:,}, "
+            "server.max_body_bytes): split its inputs over several lines"
+        )
+        return LineResult(number, None, 413, bytes(error_response(413, message, code="body_too_large").body))
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
@@ -116,6 +123,8 @@ class Dispatch:
         self.app, self.routes = app, ExceptionMiddleware(app.router, handlers=handlers)
         #: The routes a batch may run, as `endpoint` and each line's `url` name them.
         self.endpoints = tuple(op.path for op in operations_of(app.routes) if op.batch)
+        #: A line runs below the body-limit middleware: it is held to the same limit here.
+        self.max_body: int = app.state.settings.server.max_body_bytes
 
     async def __call__(self, line: Line, owner: str, request_id: str) -> Answer:
         state = {"scopes": frozenset({"inference"}), "key_name": owner or None, "request_id": request_id}

@@ -179,7 +179,7 @@ class Runner:
                 raise outcome
 
     async def _line(self, job: JobRecord, number: int, raw: bytes) -> None:
-        parsed = parse(number, raw, job.endpoint, self.dispatch.endpoints)
+        parsed = parse(number, raw, job.endpoint, self.dispatch.endpoints, self.dispatch.max_body)
         result = parsed if isinstance(parsed, LineResult) else await self._answer(job, parsed)
         # Sized as the result files will hold it, so the budget counts exactly what finalising writes.
         size = len(output_line(job.id, result))
