@@ -108,7 +108,8 @@ def decode_image(data: bytes, index: int, limits: MediaLimits) -> Image:
         width, height = image.size
         check_image_size(width, height, len(data), index, limits)
         image.load()
-        return image.convert("RGB")
+        # convert() copies even an RGB image: at the pixel limit that copy is 120 MB more.
+        return image if image.mode == "RGB" else image.convert("RGB")
     except InvalidInput:
         raise
     except UnidentifiedImageError:
