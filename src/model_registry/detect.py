@@ -36,10 +36,16 @@ _DECODER_TYPES = {
     "olmo",
     "olmo2",
 }
-_ST_TRANSFORMER = "sentence_transformers.models.Transformer"
-_ST_POOLING = "sentence_transformers.models.Pooling"
-_ST_DENSE = "sentence_transformers.models.Dense"
-_ST_NORMALIZE = "sentence_transformers.models.Normalize"
+#: The sentence-transformers modules an embedder's pipeline runs, in this order (Dropout does
+#: nothing at inference); any other module of the library, or another order, is refused.
+_ST_PIPELINE = ("Transformer", "Pooling", "Dense", "Normalize")
+#: sentence-transformers' input modules that hold no transformers model to read.
+_NO_MODEL_DIRECTORY = frozenset({"StaticEmbedding", "Router", "Asym", "WordEmbeddings", "BoW"})
+#: Where sentence-transformers versions before 3 kept the Transformer's settings.
+_ST_CONFIGS = tuple(
+    f"sentence_{name}_config.json"
+    for name in ("bert", "xlm-roberta", "roberta", "distilbert", "camembert", "albert", "xlnet")
+)
 _LEGACY_POOLING = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
@@ -74,6 +80,8 @@ class Layout:
     max_length: int | None = None
     do_lower_case: bool = False
     dense_layers: tuple[DenseLayer, ...] = ()
+    #: sentence-transformers' `truncate_dim`: vectors are cut to their first components, as saved.
+    truncate_dim: int | None = None
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     query_prompt_name: str | None = None
@@ -128,23 +136,92 @@ def _dense_layer(path: Path) -> DenseLayer:
         raise ModelUnavailable(f"{path}/config.json lacks {error}") from error
 
 
+def _dense_unserved(path: Path) -> str | None:
+    """What of a Dense module the pipeline does not serve: one that reads or writes another output
+    than the sentence embedding (sentence-transformers' `module_input_name`, `module_output_name`)."""
+    config = read_json(path / "config.json")
+    into, out = config.get("module_input_name"), config.get("module_output_name")
+    if into in (None, "sentence_embedding") and out in (None, "sentence_embedding"):
+        return None
+    return f"a Dense module from '{into}' to '{out}' (only one on the sentence embedding is served)"
+
+
+def st_class(kind: str) -> str | None:
+    """The class name of a sentence-transformers module type in any of the library's layouts
+    (`sentence_transformers.models.Dense` before 6.0, `sentence_transformers.base.modules.dense.Dense`
+    since) or of the forks that keep its names (`*.models.Transformer`, `*_st.Transformer`); None
+    for other code."""
+    name = kind.rsplit(".", 1)[-1]
+    if kind.startswith("sentence_transformers.") or kind.endswith(f"models.{name}") or kind.endswith("_st.Transformer"):
+        return name
+    return None
+
+
 def _sentence_transformers(root: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
-    found: dict[str, Any] = {"dense_layers": [], "normalize": False, "modules": []}
+    """What modules.json's modules say of an embedder's pipeline; `unserved` lists what of it the
+    pipeline would not run as sentence-transformers does (refused for dense models)."""
+    found: dict[str, Any] = {"dense_layers": [], "normalize": False, "modules": [], "unserved": []}
+    reached = -1  # the furthest stage of `_ST_PIPELINE` met so far
     for module in modules:
         kind, sub = str(module.get("type", "")), root / str(module.get("path", ""))
         found["modules"].append(kind.rsplit(".", 1)[-1])
-        if kind == _ST_TRANSFORMER or kind.endswith("models.Transformer") or kind.endswith("_st.Transformer"):
-            found["transformer_dir"] = sub
-            st_config = read_json(sub / "sentence_bert_config.json") or read_json(root / "sentence_bert_config.json")
-            found["max_length"] = st_config.get("max_seq_length")
-            found["do_lower_case"] = bool(st_config.get("do_lower_case", False))
-        elif kind == _ST_POOLING or kind.endswith("models.Pooling"):
-            found["pooling"], found["include_prompt"] = _pooling_from_config(read_json(sub / "config.json"))
-        elif kind == _ST_DENSE or kind.endswith("models.Dense"):
-            found["dense_layers"].append(_dense_layer(sub))
-        elif kind == _ST_NORMALIZE or kind.endswith("models.Normalize"):
-            found["normalize"] = True
+        name = st_class(kind)
+        if name is None or name == "Dropout":
+            continue
+        if name not in _ST_PIPELINE:
+            found["unserved"].append(f"the {name} module")
+            continue
+        stage = _ST_PIPELINE.index(name)
+        if stage < reached or (stage == reached and name != "Dense"):
+            found["unserved"].append(f"{name} after {_ST_PIPELINE[reached]}")
+        reached = max(reached, stage)
+        _read_module(found, name, root, sub)
     return found
+
+
+def _read_module(found: dict[str, Any], name: str, root: Path, sub: Path) -> None:
+    if name == "Transformer":
+        found["transformer_dir"] = sub
+        st_config = next((c for c in (_read_first(d) for d in (sub, root)) if c), {})
+        found["max_length"] = st_config.get("max_seq_length")
+        found["do_lower_case"] = bool(st_config.get("do_lower_case", False))
+    elif name == "Pooling":
+        found["pooling"], found["include_prompt"] = _pooling_from_config(read_json(sub / "config.json"))
+    elif name == "Dense":
+        found["dense_layers"].append(_dense_layer(sub))
+        unserved = _dense_unserved(sub)
+        if unserved is not None:
+            found["unserved"].append(unserved)
+    else:
+        found["normalize"] = True
+
+
+def _read_first(directory: Path) -> dict[str, Any]:
+    """The Transformer's settings in `directory`, under any of the names the library reads."""
+    return next((c for c in (read_json(directory / name) for name in _ST_CONFIGS) if c), {})
+
+
+def _truncate_dim(st_extra: dict[str, Any], kind: Kind) -> int | None:
+    """config_sentence_transformers.json's `truncate_dim`, which dense models apply; another kind
+    with one is refused rather than answered whole."""
+    value = st_extra.get("truncate_dim")
+    if value is None:
+        return None
+    if kind != Kind.DENSE or not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelUnavailable(
+            f"config_sentence_transformers.json sets truncate_dim {value!r}, which this server applies to dense "
+            "embedders only (a positive count of components)"
+        )
+    return value
+
+
+def _refuse_unserved(root: Path, found: dict[str, Any]) -> None:
+    if found.get("unserved"):
+        raise ModelUnavailable(
+            f"{root}/modules.json has {', '.join(found['unserved'])}: this server's embedders run "
+            "sentence-transformers' Transformer, Pooling, Dense and Normalize modules, in that order, and "
+            "would answer other vectors than the model's"
+        )
 
 
 def detect(root: Path, spec: ModelSpec) -> Layout:
@@ -152,6 +229,8 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
     `spec` sets."""
     modules = _modules(root)
     found = _sentence_transformers(root, modules) if isinstance(modules, list) else {}
+    if set(found.get("modules", ())) & _NO_MODEL_DIRECTORY:  # else a missing config.json would be the error
+        _refuse_unserved(root, found)
     facts = _facts(root, Path(found.get("transformer_dir", root)), modules, spec)
     if rules.first(facts, "layout") is not None:
         return open_clip_layout(root, spec)
@@ -164,6 +243,8 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         found["pooling"] = "lasttoken" if model_type in _DECODER_TYPES else "mean"
         found.setdefault("normalize", True)
     kind = facts.kind or rules.kind(facts)
+    if kind == Kind.DENSE:
+        _refuse_unserved(root, found)
     family = rules.family(facts, kind)
     st_extra = read_json(root / "config_sentence_transformers.json")
     prompts = dict(st_extra.get("prompts") or {})
@@ -180,6 +261,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         max_length=spec.max_length or found.get("max_length"),
         do_lower_case=found.get("do_lower_case", False),
         dense_layers=tuple(found.get("dense_layers", ())),
+        truncate_dim=_truncate_dim(st_extra, kind),
         prompts=prompts,
         default_prompt_name=spec.default_prompt_name or st_extra.get("default_prompt_name"),
         query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),

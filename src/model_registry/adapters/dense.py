@@ -318,6 +318,8 @@ class DenseAdapter(TextEncoder):
         self.head = [load_dense_layer(layer, self.head_device, self.head_dtype) for layer in self.layout.dense_layers]
         hidden = int(getattr(self.config, "hidden_size", 0))
         self.dimensions = self.layout.dense_layers[-1].out_features if self.layout.dense_layers else hidden
+        if self.layout.truncate_dim is not None:
+            self.dimensions = min(self.dimensions, self.layout.truncate_dim)
         self._footprint += sum(backend.module_bytes(m) for m in self.head)
 
     def unload(self) -> None:
@@ -360,6 +362,8 @@ class DenseAdapter(TextEncoder):
                 vectors = module(vectors.to(self.head_dtype)).float()
             if self.layout.normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+            if self.layout.truncate_dim is not None:  # cut after the Normalize module, as saved: not renormalised
+                vectors = vectors[:, : self.layout.truncate_dim]
             return vectors.float().cpu()
 
     def pool_packed(self, batch: TextBatch, states: torch.Tensor, packed: Packed) -> torch.Tensor:
