@@ -24,7 +24,6 @@ import orjson
 
 from infinity_server.schemas.responses import SparseEntry
 from model_registry import (
-    BatchFailed,
     Embedding,
     InvalidInput,
     OutputLimit,
@@ -32,6 +31,7 @@ from model_registry import (
     SparseVector,
     UnsupportedOperation,
 )
+from model_registry.errors import not_finite
 
 EmbeddingType = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 EncodingFormat = Literal["float", "base64"]
@@ -80,23 +80,16 @@ def encode_vectors(arrays: list[np.ndarray], dtype: str, encoding_format: str) -
     """Quantize and encode one request's vectors (or matrices) with one shared int8/uint8 range.
     A vector holding NaN or infinity is a 500 naming its input, never an answer (JSON would write
     null, base64 NaN bytes)."""
-    bad = _not_finite(arrays)
+    bad = _first_not_finite(arrays)
     if bad is not None:
-        raise _non_finite_output(f"input {bad}")
+        raise not_finite(f"the model's output for input {bad} holds")
     ranges = quantization_ranges(arrays) if dtype in ("int8", "uint8") and arrays else None
     return [encode_array(quantize(a, dtype, ranges), encoding_format) for a in arrays]
 
 
-def _not_finite(arrays: list[np.ndarray]) -> int | None:
+def _first_not_finite(arrays: list[np.ndarray]) -> int | None:
     """The index of the first array holding NaN or infinity, if any."""
     return next((i for i, a in enumerate(arrays) if not np.isfinite(a).all()), None)
-
-
-def _non_finite_output(which: str) -> BatchFailed:
-    return BatchFailed(
-        f"the model's output for {which} holds NaN or infinity (a model run in float16 can overflow: "
-        "run it in bfloat16 or float32 with its `dtype`)"
-    )
 
 
 # ---- results -> arrays ----------------------------------------------------------------------------
@@ -147,8 +140,8 @@ def dense_vectors(
 
 def sparse_entry(vector: SparseVector, with_tokens: bool) -> SparseEntry:
     """`{indices, values}` (and `tokens`) of one sparse vector."""
-    if _not_finite([np.asarray(vector.values)]) is not None:
-        raise _non_finite_output("a sparse vector")
+    if _first_not_finite([np.asarray(vector.values)]) is not None:
+        raise not_finite("the model's output for a sparse vector holds")
     entry: SparseEntry = {"indices": np.asarray(vector.indices, dtype=np.int64), "values": vector.values}
     if with_tokens:
         entry["tokens"] = list(vector.tokens or ())

@@ -64,5 +64,13 @@ class BatchFailed(RegistryError):
     """The model raised while processing a batch; every request in that batch gets this error."""
 
 
+def not_finite(what: str) -> BatchFailed:
+    """The error for an output that is NaN or infinity, never answered: `what` says whose, up to
+    "NaN or infinity" ("the model's output for input 3 holds")."""
+    return BatchFailed(
+        f"{what} NaN or infinity (a model run in float16 can overflow: run it in bfloat16 or float32 with its `dtype`)"
+    )
+
+
 class Cancelled(RegistryError):
     """The request was cancelled by its caller (e.g. the client disconnected)."""

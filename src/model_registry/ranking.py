@@ -19,7 +19,7 @@ import numpy as np
 
 from model_registry import validation
 from model_registry.adapters.base import Adapter
-from model_registry.errors import BatchFailed, InvalidInput, UnsupportedOperation
+from model_registry.errors import InvalidInput, UnsupportedOperation, not_finite
 from model_registry.runner import Runner
 from model_registry.similarity import cosine, maxsim, sparse_dot
 from model_registry.types import Capability, Embedding, EmbedItem, Kind, Output, PairItem, Result, Results, Score, Text
@@ -124,10 +124,7 @@ def embedding_scores(method: str, query: Result, documents: Sequence[Result], *,
     scores = _embedding_scores(method, query, documents, mean_maxsim=mean_maxsim)
     bad = next((i for i, s in enumerate(scores) if not math.isfinite(s)), None)
     if bad is not None:
-        raise BatchFailed(
-            f"the model's vectors score document {bad} as NaN or infinity (a model run in float16 can "
-            "overflow: run it in bfloat16 or float32 with its `dtype`)"
-        )
+        raise not_finite(f"the model's vectors score document {bad} as")
     return scores
 
 

@@ -32,7 +32,14 @@ import numpy as np
 from model_registry import devices
 from model_registry.adapters.base import Adapter
 from model_registry.batching import Batch, BatchQueue
-from model_registry.errors import BatchFailed, Cancelled, DeadlineExceeded, ModelUnavailable, RegistryError
+from model_registry.errors import (
+    BatchFailed,
+    Cancelled,
+    DeadlineExceeded,
+    ModelUnavailable,
+    RegistryError,
+    not_finite,
+)
 from model_registry.timing import BatchTimes
 from model_registry.types import EmbedItem, Item, Labels, Media, Prepared, Result, Score
 
@@ -310,7 +317,7 @@ class Worker:
                 if _finite_scores(result):
                     entry.request.deliver(entry.prepared.index, result)
                 else:
-                    entry.request.fail(self._not_finite(entry.prepared.index))
+                    entry.request.fail(not_finite(f"the model '{self.name}' scored input {entry.prepared.index} as"))
         ended = time.perf_counter()
         seconds = ended - started
         # Admission plans with the rate batches are served at: every stage a batch goes through, and
@@ -353,12 +360,6 @@ class Worker:
         times = BatchTimes(forward_start, forward_end, time.time(), len(batch.entries), batch.cost, tokens, capacity)
         for request in {id(e.request): e.request for e in batch.entries}.values():
             request.batches.append(times)
-
-    def _not_finite(self, index: int) -> BatchFailed:
-        return BatchFailed(
-            f"the model '{self.name}' scored input {index} as NaN or infinity (a model run in float16 can "
-            "overflow: run it in bfloat16 or float32 with its `dtype`)"
-        )
 
     def _fail(self, batch: Batch, error: Exception) -> None:
         if not isinstance(error, RegistryError):
