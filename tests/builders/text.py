@@ -134,18 +134,8 @@ def st_layout(
     write_json(root / "config_sentence_transformers.json", extra)
 
 
-def tiny_bert(
-    root: Path,
-    *,
-    pooling: str = "mean",
-    normalize: bool = True,
-    dense: tuple[int, str] | None = None,
-    prompts: dict[str, str] | None = None,
-    include_prompt: bool = True,
-    max_seq_length: int = 64,
-    seed: int = 0,
-) -> Path:
-    """A 2-layer BERT (hidden 32) in the sentence-transformers layout."""
+def bert_weights(root: Path, *, seed: int = 0) -> Path:
+    """A random 2-layer BERT (hidden 32) and its WordPiece tokenizer, in transformers' layout only."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
@@ -160,6 +150,22 @@ def tiny_bert(
     )
     BertModel(config).eval().save_pretrained(root)
     tokenizer.save_pretrained(root)
+    return root
+
+
+def tiny_bert(
+    root: Path,
+    *,
+    pooling: str = "mean",
+    normalize: bool = True,
+    dense: tuple[int, str] | None = None,
+    prompts: dict[str, str] | None = None,
+    include_prompt: bool = True,
+    max_seq_length: int = 64,
+    seed: int = 0,
+) -> Path:
+    """A 2-layer BERT (hidden 32) in the sentence-transformers layout."""
+    bert_weights(root, seed=seed)
     st_layout(
         root,
         pooling=pooling,

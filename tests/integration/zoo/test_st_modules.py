@@ -18,32 +18,17 @@ import pytest
 import torch
 
 from model_registry import Embedding, ModelUnavailable, SyncRegistry
-from tests.builders.text import wordpiece_tokenizer
+from tests.builders.text import bert_weights, wordpiece_tokenizer
 
 pytestmark = pytest.mark.integration
 
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog again and again", "a", "alpha beta " * 40]
-HIDDEN = 32
+HIDDEN = 32  # bert_weights' hidden size
 
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import BertConfig, BertModel
-
-    root = tmp_path_factory.mktemp("st-bert")
-    torch.manual_seed(0)
-    tokenizer = wordpiece_tokenizer()
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(config).eval().save_pretrained(root)
-    tokenizer.save_pretrained(root)
-    return root
+    return bert_weights(tmp_path_factory.mktemp("st-bert"))
 
 
 def saved(bert: Path, root: Path, *modules: Callable[[Any], Any], **options: Any) -> Path:
