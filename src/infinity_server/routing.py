@@ -157,14 +157,27 @@ class RouteTable:
         """The operation of the request's method and path; another method's on its path (the 405
         answers in that route's shape); None when no route has the path."""
         route: BaseRoute | None = self.exact.get(scope["path"])
-        if route is None:
-            route = next((r for r in self.routes if r.matches(scope)[0] != Match.NONE), None)
+        if not (isinstance(route, ApiRoute) and scope["method"] in (route.methods or ())):
+            route = self._routed(scope)
         if isinstance(route, OpenMount):
             return route.operation
         if not isinstance(route, ApiRoute):
             return None
         method = "GET" if scope["method"] == "HEAD" else scope["method"]
         return next((op for op in route.operations if op.method == method), route.operations[0])
+
+    def _routed(self, scope: Scope) -> BaseRoute | None:
+        """The route Starlette's router dispatches to: the first full match (path and method), else
+        the first that matches the path. Any other choice lets the scope check read another route
+        than the one that runs (a path's trailing newline matches more patterns than one)."""
+        partial = None
+        for route in self.routes:
+            match = route.matches(scope)[0]
+            if match == Match.FULL:
+                return route
+            if match == Match.PARTIAL and partial is None:
+                partial = route
+        return partial
 
 
 def operation_in(scope: Scope) -> Operation | None:

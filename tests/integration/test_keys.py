@@ -91,6 +91,20 @@ def test_admin_routes_are_off_by_default_as_404(serve: Any) -> None:
             assert client.post("/v1/embeddings", json=EMBED, headers=headers).status_code == 200
 
 
+@pytest.mark.parametrize("action", ["load", "unload"])
+def test_a_trailing_newline_reaches_no_admin_route_without_its_scope(serve: Any, action: str) -> None:
+    # `%0A` decodes to a newline, which route patterns (ending in `$`) let through at the end: the
+    # scope is the one of the route that runs, the admin route, not the GET route of the same path.
+    plain = serve({"models": [FAKE]})
+    keys = [{"name": "search", "key": "s", "scopes": ["inference"]}, {"name": "ops", "key": "o", "scopes": ["admin"]}]
+    keyed = serve({"models": [FAKE]}, api_keys=keys)
+    for server, headers, want in ((plain, {}, 404), (keyed, bearer("s"), 403)):
+        with server.client() as client:
+            response = client.post(f"/v1/models/fake/{action}%0A", headers=headers)
+            assert response.status_code == want, response.text
+            assert client.post("/v1/embeddings", json=EMBED, headers=headers).status_code == 200
+
+
 def test_admin_routes_explicitly_enabled_without_keys(serve: Any) -> None:
     server = serve({"models": [FAKE]}, admin_routes=True)
     with server.client() as client:
