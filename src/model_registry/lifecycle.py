@@ -399,10 +399,13 @@ class Lifecycle:
             if h.device == handle.device and h is not handle and h.charged and not h.evictable
         ]
         fmt = memory.format_bytes
+        late = self._late.get(handle.device, 0)
+        held = f"; {fmt(late)} is held by loads that timed out and are still running (load_timeout)" if late else ""
         return InsufficientMemory(
             f"not enough memory on {handle.device} for the model '{handle.spec.name}': it needs {fmt(need)}, "
             f"{fmt(max(0, room))} is free within the budget of {fmt(self.budget(handle.device))}, and the models "
-            f"holding the rest cannot be evicted now: {', '.join(busy) or 'none'}"
+            f"holding the rest cannot be evicted now: {', '.join(busy) or 'none'}{held}. Retry later, "
+            "or raise memory_budget, pin fewer models or serve this one on another device"
         )
 
     # ---- unloading -----------------------------------------------------------------------------

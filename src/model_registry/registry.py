@@ -271,8 +271,7 @@ class Registry:
         return client_priority(requested, may_raise=granted or self.config.allow_client_priority)
 
     async def on_model_threads(self, model: str, fn: Callable[[], T]) -> T:
-        """`fn` on `model`'s own prepare threads, where its requests' tokenizing runs."""
-        stage = self._handle(model).stage
-        if stage is None:
-            raise ModelUnavailable(f"model '{model}' was unloaded; retry the request")
-        return await stage.call(fn)
+        """`fn` on `model`'s own prepare threads, where its requests' tokenizing runs, under a lease:
+        an eviction would stop those threads, cancelling `fn` with the request still waiting."""
+        async with self._lifecycle.lease(self._handle(model)) as lease:
+            return await lease.stage.call(fn)

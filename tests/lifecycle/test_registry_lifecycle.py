@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -217,7 +218,9 @@ def test_keep_alive_unloads_an_idle_model_but_not_a_pinned_one() -> None:
 
 
 def test_a_load_that_takes_too_long_fails_with_its_cause_and_is_retried_later() -> None:
-    config = {"models": [fake_model("a", load_delay=0.5, allocate=True)], "load_timeout": 0.1, "failed_retry_after": 3}
+    models = [fake_model("a", load_delay=0.5, allocate=True), fake_model("b")]
+    config = {"models": models, "load_timeout": 0.1, "failed_retry_after": 3, "memory_budget": budget_for(1)}
+    config["room_wait"] = 0
 
     async def scenario(registry: Registry) -> None:
         with pytest.raises(ModelUnavailable, match="loading took longer than"):
@@ -230,9 +233,12 @@ def test_a_load_that_takes_too_long_fails_with_its_cause_and_is_retried_later() 
         assert "longer than" in info.error
         # The load's thread goes on: its memory stays charged until it has finished and is unloaded.
         assert registry.memory()[0].charged == 10 * 2**20
+        with pytest.raises(ModelUnavailable, match=r"10.0 MiB is held by loads that timed out .*memory_budget"):
+            await registry.embed("b", ["no room yet"])
         await until(lambda: registry.memory()[0].charged == 0)
         assert registry.memory()[0].charged == 0
         assert held_bytes() == 0
+        await registry.embed("b", ["room now"])
 
     run(config, scenario)
 
@@ -247,3 +253,31 @@ def test_a_script_juggles_models_without_a_server() -> None:
         loaded = {i.name for i in registry.infos() if i.state == ModelState.LOADED}
         assert loaded == {"b"}
         assert [e.model for e in registry.registry.events if e.kind == EventKind.EVICTED] == ["a", "b", "c"]
+
+
+def test_work_on_a_model_s_threads_holds_it_against_eviction() -> None:
+    # Tokenizing for /tokenize, long inputs and left cuts runs on the model's prepare threads:
+    # evicting the model would stop those threads and cancel the calls still queued there.
+    config = {"models": [fake_model("a"), fake_model("b")], "memory_budget": budget_for(1), "room_wait": 0}
+    config["prepare_threads"] = 1
+    started, gate = threading.Event(), threading.Event()
+
+    def first() -> str:
+        started.set()
+        gate.wait(5)
+        return "first"
+
+    async def scenario(registry: Registry) -> list[str]:
+        await registry.embed("a", ["load a"])
+        calls = [asyncio.create_task(registry.on_model_threads("a", first))]
+        await asyncio.to_thread(started.wait, 5)
+        calls.append(asyncio.create_task(registry.on_model_threads("a", lambda: "queued")))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ModelUnavailable, match="cannot be evicted now: a"):
+            await registry.embed("b", ["no room while a is in use"])
+        gate.set()
+        done = [await call for call in calls]
+        assert evicted(registry) == []
+        return done
+
+    assert run(config, scenario) == ["first", "queued"]
