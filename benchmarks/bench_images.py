@@ -1,18 +1,21 @@
 """Images per second for a CLIP model over HTTP (multipart upload and data URIs) against the same
 model called in-process with transformers, on the same images, in the same run.
 
-    .venv/bin/python benchmarks/bench_images.py [--rounds N] [--images N] [--json OUT]
+    .venv/bin/python benchmarks/bench_images.py [--rounds N] [--images N] [--size WxH] [--whole-jpeg] [--json OUT]
 
 Builds a small random CLIP (ViT with 224 px images, patch 32, 6 layers of width 384: ~50 patches per
 image) in a temporary directory (no download), derives JPEG images of several sizes from the real
-photo in the data folder (`lib/datasets.py`), starts `infinity-server serve` on a free loopback
-port, then in rounds (interleaved, so drift on a shared machine hits every method alike):
+photo in the data folder (`lib/datasets.py`; with `--size`, crops of it all resized to that size,
+such as a phone camera's 4032x3024), starts `infinity-server serve` on a free loopback port (with
+`--whole-jpeg`, `scaled_jpeg: false`), then in rounds (interleaved, so drift on a shared machine
+hits every method alike):
 1. in-process: for each batch of 16, decode with Pillow, `CLIPImageProcessor`, `get_image_features`;
 2. HTTP multipart: 2 concurrent clients, 16 files per `POST /v1/embeddings/upload`;
 3. HTTP data URIs: 2 concurrent clients, 16 base64 data URIs per `POST /v1/embeddings` (modality image).
 Reports the median images/s of each and the ratio to in-process, the CPU seconds spent per image
 (server plus client for HTTP; a figure that holds up better than wall time when other work shares
-the cores), and checks that the server's vectors equal the in-process ones.
+the cores), and how far the server's vectors are from the in-process ones (equal, unless JPEGs
+large enough for a reduced decode are sent without `--whole-jpeg`).
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ def build_clip(root: Path) -> Path:
     return root
 
 
-def images(count: int) -> list[bytes]:
-    """JPEGs from 160 to 640 px wide: crops and resizes of the real photo."""
+def images(count: int, size: tuple[int, int] | None = None) -> list[bytes]:
+    """JPEGs from 160 to 640 px wide (or all of `size`): crops and resizes of the real photo."""
     from PIL import Image
 
     photo = Image.open(data_file(PHOTO)).convert("RGB")
@@ -74,8 +77,9 @@ def images(count: int) -> list[bytes]:
         left, top = int(rng.integers(0, w // 3)), int(rng.integers(0, h // 3))
         crop = photo.crop((left, top, left + w // 2 + int(rng.integers(0, w // 2 - left + 1)), h))
         width = int(rng.integers(160, 641))
+        shape = size or (width, max(16, width * crop.height // crop.width))
         buffer = io.BytesIO()
-        crop.resize((width, max(16, width * crop.height // crop.width))).save(buffer, format="JPEG", quality=90)
+        crop.resize(shape, Image.Resampling.BICUBIC).save(buffer, format="JPEG", quality=90)
         out.append(buffer.getvalue())
     return out
 
@@ -144,14 +148,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--images", type=int, default=96)
+    parser.add_argument("--size", help="every image WIDTHxHEIGHT pixels, e.g. 4032x3024")
+    parser.add_argument("--whole-jpeg", action="store_true", help="serve with scaled_jpeg: false")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    size = tuple(int(n) for n in args.size.lower().split("x")) if args.size else None
     with tempfile.TemporaryDirectory() as tmp:
         root = build_clip(Path(tmp) / "clip")
-        items = images(args.images)
+        items = images(args.images, size)  # type: ignore[arg-type]
         port = free_port()
         config = {
-            "server": {"max_body_bytes": 64 * 2**20},
+            "server": {"max_body_bytes": 256 * 2**20, "scaled_jpeg": not args.whole_jpeg},
             "models": [{"name": "clip", "source": str(root), "pin": True}],
         }
         server = start_server(config, Path(tmp), port)
@@ -180,7 +187,7 @@ def measure(root: Path, items: list[bytes], base: str, rounds: int, server: psut
     asyncio.run(over_http(base, items[:BATCH], multipart))  # warm-up
     rates: dict[str, list[float]] = {"in_process": [], "http_multipart": [], "http_data_uri": []}
     cpu: dict[str, list[float]] = {name: [] for name in rates}
-    worst = 0.0
+    worst, cosine = 0.0, 1.0
     for _ in range(rounds):
         rate, per_image = local.run(items)
         rates["in_process"].append(rate)
@@ -190,6 +197,7 @@ def measure(root: Path, items: list[bytes], base: str, rounds: int, server: psut
             rates[name].append(rate)
             cpu[name].append(per_image)
             worst = max(worst, float(np.abs(vectors - reference).max()))
+            cosine = min(cosine, float(_cosines(vectors, reference).min()))
     median = {name: statistics.median(values) for name, values in rates.items()}
     return {
         "images": len(items),
@@ -200,9 +208,15 @@ def measure(root: Path, items: list[bytes], base: str, rounds: int, server: psut
         "ratio_to_in_process": {k: round(v / median["in_process"], 3) for k, v in median.items() if k != "in_process"},
         "cpu_ms_per_image": {k: round(1000 * statistics.median(v), 1) for k, v in cpu.items()},
         "max_abs_difference_to_in_process": worst,
+        "least_cosine_to_in_process": round(cosine, 7),
         "cpu_cores": len(os.sched_getaffinity(0)),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
     }
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    dot: np.ndarray = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return dot
 
 
 if __name__ == "__main__":

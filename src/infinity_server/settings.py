@@ -96,6 +96,7 @@ class ServerSettings(BaseModel):
     max_image_aspect_ratio: float = Field(default=200.0, ge=1)
     max_media_expansion: float = Field(default=256.0, ge=1)
     max_audio_samples: int = Field(default=16_000_000, ge=1)
+    scaled_jpeg: bool = True
     # Routes whose body may omit `model` (TEI's, Infinity's, vLLM's): the model each route family uses then.
     default_models: dict[Literal["embed", "embed_sparse", "embed_all", "predict", "rerank"], str] = {}
     # Batch jobs (docs/batches.md): the folder of their database and files; None turns the API off.
@@ -126,6 +127,7 @@ _REGISTRY_KEYS = (
     "max_image_aspect_ratio",
     "max_media_expansion",
     "max_audio_samples",
+    "scaled_jpeg",
     "allow_client_priority",
 )
 

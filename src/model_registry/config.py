@@ -194,6 +194,8 @@ class RegistryConfig(_Frozen):
     max_image_aspect_ratio: float = Field(default=200.0, ge=1)
     max_media_expansion: float = Field(default=256.0, ge=1)
     max_audio_samples: int = Field(default=16_000_000, ge=1)
+    #: Decode a JPEG at 1/2, 1/4 or 1/8 scale where the model's resize still shrinks it 2x or more.
+    scaled_jpeg: bool = True
     #: A request waiting this long without progress gets the next batch ahead of higher classes
     #: (at most one such batch per interval per model); see docs/reliability.md.
     aging_seconds: float = Field(default=1.0, gt=0)

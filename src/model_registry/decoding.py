@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,13 @@ MAX_SAMPLE = 1_000_000.0
 #: Any image decoding to at most this many bytes is accepted whatever its compression (about 1.4 MP).
 DECODE_FLOOR = 4 * 2**20
 _RGB = 3
+#: A JPEG is decoded at 1/2, 1/4 or 1/8 scale only where the model's resize still shrinks the
+#: result by this much or more in each direction (pixels then within 2/255 of a full decode).
+REDUCING_GAP = 2
+#: The processor's resize: the (width, height) an image of (width, height) pixels becomes.
+Resize = Callable[[int, int], tuple[int, int]]
+#: EXIF orientations that swap width and height (transpose, the two quarter turns, transverse).
+_SWAPS = frozenset({5, 6, 7, 8})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +60,8 @@ class MediaLimits:
     max_image_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO
     max_media_expansion: float = DEFAULT_MAX_EXPANSION
     max_audio_samples: int = DEFAULT_MAX_AUDIO_SAMPLES
+    #: JPEGs decoded at a reduced scale where the model's resize allows it (`jpeg_scale`).
+    scaled_jpeg: bool = True
 
     @classmethod
     def of(cls, options: Any) -> MediaLimits:
@@ -63,6 +72,7 @@ class MediaLimits:
             max_image_aspect_ratio=options.max_image_aspect_ratio,
             max_media_expansion=options.max_media_expansion,
             max_audio_samples=options.max_audio_samples,
+            scaled_jpeg=options.scaled_jpeg,
         )
 
 
@@ -95,8 +105,12 @@ def check_image_size(width: int, height: int, encoded: int, index: int, limits: 
         )
 
 
-def decode_image(data: bytes, index: int, limits: MediaLimits) -> Image:
-    """RGB image from encoded bytes; its size is checked from the header before any pixel is decoded."""
+def decode_image(data: bytes, index: int, limits: MediaLimits, resize: Resize | None = None) -> Image:
+    """RGB image from encoded bytes, turned as its EXIF orientation says (as transformers'
+    `load_image` and every viewer do); its size is checked from the header before any pixel is
+    decoded. With `resize`, the model's resize, a JPEG may be decoded at a reduced scale
+    (`jpeg_scale`): a 12-megapixel photo for a 224-pixel model decodes about 3 times faster into a
+    sixteenth of the memory."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
@@ -107,9 +121,15 @@ def decode_image(data: bytes, index: int, limits: MediaLimits) -> Image:
         image = Image.open(io.BytesIO(data))
         width, height = image.size
         check_image_size(width, height, len(data), index, limits)
+        orientation = _orientation(image)
+        if resize is not None and limits.scaled_jpeg and image.format == "JPEG":
+            shown = (height, width) if orientation in _SWAPS else (width, height)
+            scale = jpeg_scale(*shown, resize)
+            if scale > 1:
+                image.draft("RGB", (width // scale, height // scale))
         image.load()
         # convert() copies even an RGB image: at the pixel limit that copy is 120 MB more.
-        return image if image.mode == "RGB" else image.convert("RGB")
+        return _turned(image if image.mode == "RGB" else image.convert("RGB"), orientation)
     except InvalidInput:
         raise
     except UnidentifiedImageError:
@@ -118,6 +138,66 @@ def decode_image(data: bytes, index: int, limits: MediaLimits) -> Image:
         raise _bad(index, f"the image was refused as a decompression bomb ({error})") from None
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         raise _bad(index, f"the image is corrupt or truncated ({error})") from None
+
+
+def jpeg_scale(width: int, height: int, resize: Resize) -> int:
+    """The reduction (8, 4, 2 or 1) a JPEG of `width` x `height` may be decoded at for `resize`.
+
+    A reduction is taken only where it divides both sides, so the aspect ratio is kept exactly (and
+    any resize computed from the sides, which a power of two scales exactly, gives the same size),
+    where the model's resize still shrinks the result at least `REDUCING_GAP` times each way, and
+    where `resize` gives the reduced image the very size it gives the whole one.
+    """
+    target = resize(width, height)
+    for scale in (8, 4, 2):
+        reduced = (width // scale, height // scale)
+        exact = not (width % scale or height % scale)
+        shrinks = all(side >= REDUCING_GAP * want for side, want in zip(reduced, target, strict=True))
+        if exact and shrinks and resize(*reduced) == target:
+            return scale
+    return 1
+
+
+def _orientation(image: Image) -> int:
+    """The image's EXIF orientation (1 to 8; 1 where it has none or an unreadable one)."""
+    try:
+        value = image.getexif().get(0x0112, 1)  # ExifTags.Base.Orientation
+    except (OSError, ValueError, SyntaxError, EOFError, KeyError, TypeError):
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _turned(image: Image, orientation: int) -> Image:
+    """`image` as its EXIF orientation says it is shown."""
+    from PIL.Image import Transpose
+
+    method = {
+        2: Transpose.FLIP_LEFT_RIGHT,
+        3: Transpose.ROTATE_180,
+        4: Transpose.FLIP_TOP_BOTTOM,
+        5: Transpose.TRANSPOSE,
+        6: Transpose.ROTATE_270,
+        7: Transpose.TRANSVERSE,
+        8: Transpose.ROTATE_90,
+    }.get(orientation)
+    return image if method is None else image.transpose(method)
+
+
+def shortest_edge_resize(edge: int) -> Resize:
+    """The resize of CLIP-style processors: the shortest side to `edge`, the other in proportion
+    (truncated, as transformers and torchvision both compute it)."""
+
+    def resize(width: int, height: int) -> tuple[int, int]:
+        if width <= height:
+            return edge, int(edge * height / width)
+        return int(edge * width / height), edge
+
+    return resize
+
+
+def fixed_resize(width: int, height: int) -> Resize:
+    """A resize to `width` x `height` whatever the image's shape (SigLIP, PaliGemma)."""
+    return lambda _w, _h: (width, height)
 
 
 def crop_for_center_crop(image: Image, shortest_edge: int, crop_width: int, crop_height: int) -> Image:

@@ -263,6 +263,7 @@ class Lifecycle:
             max_image_aspect_ratio=self.config.max_image_aspect_ratio,
             max_media_expansion=self.config.max_media_expansion,
             max_audio_samples=self.config.max_audio_samples,
+            scaled_jpeg=self.config.scaled_jpeg,
             cuda_graphs=spec.cuda_graphs,
         )
         # Estimating reads weight files (sizes, maybe headers): off the loop like the load itself.

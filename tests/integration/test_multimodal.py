@@ -42,7 +42,9 @@ def files(data_dir: Path) -> Iterator[tuple[str, list[str]]]:
 @pytest.fixture(scope="module")
 def server(models: dict[str, Path]) -> Iterator[LiveServer]:
     # The test file server runs on loopback: this configuration explicitly allows that one host.
-    with media_server(models, media_allowed_hosts=("127.0.0.1",)) as live:
+    # JPEGs are decoded whole, as the references do, so that parity holds to float rounding
+    # (the reduced decoding has its own parity tests, in tests/unit/test_scaled_jpeg.py).
+    with media_server(models, {"scaled_jpeg": False}, media_allowed_hosts=("127.0.0.1",)) as live:
         yield live
 
 

@@ -42,7 +42,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def client(models: dict[str, Path]) -> Iterator[httpx.Client]:
-    with media_server(models, media_allowed_hosts=("127.0.0.1",)) as live, live.client() as c:
+    # JPEGs decoded whole, as the references do (reduced decoding: tests/unit/test_scaled_jpeg.py).
+    with media_server(models, {"scaled_jpeg": False}, media_allowed_hosts=("127.0.0.1",)) as live, live.client() as c:
         yield c
 
 

@@ -49,6 +49,8 @@ class LoadOptions:
     max_image_aspect_ratio: float = 200.0
     max_media_expansion: float = 256.0
     max_audio_samples: int = 16_000_000
+    #: JPEGs decoded at a reduced scale where the model's resize allows it (`decoding.jpeg_scale`).
+    scaled_jpeg: bool = True
     #: The torch engine's CUDA graphs for small batches (the model's `cuda_graphs`).
     cuda_graphs: bool | Literal["auto"] = "auto"
 

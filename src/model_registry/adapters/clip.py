@@ -16,7 +16,14 @@ import numpy as np
 import torch
 
 from model_registry.adapters.towers import TwoTowerAdapter, features
-from model_registry.decoding import crop_for_center_crop, decode_image, processing
+from model_registry.decoding import (
+    Resize,
+    crop_for_center_crop,
+    decode_image,
+    fixed_resize,
+    processing,
+    shortest_edge_resize,
+)
 from model_registry.detect import Layout
 from model_registry.types import Capability, Kind, Media, Modality, Prepared
 
@@ -32,6 +39,7 @@ class ClipAdapter(TwoTowerAdapter):
         self.processor: Any = None
         self.patches = 1
         self.center_crop: tuple[int, int, int] | None = None
+        self.resize: Resize | None = None
 
     def load_parts(self, directory: str) -> None:
         from transformers import AutoImageProcessor
@@ -41,13 +49,14 @@ class ClipAdapter(TwoTowerAdapter):
         side = int(vision.image_size) // int(vision.patch_size)
         self.patches = side * side + 1
         self.center_crop = center_crop_of(self.processor)
+        self.resize = resize_of(self.processor)
 
     def unload(self) -> None:
         self.processor = None
         super().unload()
 
     def prepare_media(self, media: Media, index: int) -> tuple[Any, int]:
-        image = decode_image(media.data, index, self.limits)
+        image = decode_image(media.data, index, self.limits, self.resize)
         with processing(index, "image"):
             if self.center_crop is not None:
                 image = crop_for_center_crop(image, *self.center_crop)
@@ -72,3 +81,21 @@ def center_crop_of(processor: Any) -> tuple[int, int, int] | None:
     if not all(isinstance(v, int) and v > 0 for v in (edge, width, height)):
         return None
     return int(edge), int(width), int(height)  # type: ignore[arg-type]
+
+
+def resize_of(processor: Any) -> Resize | None:
+    """The resize a transformers image processor applies, where it is one of the two plain kinds:
+    the shortest edge to a length (CLIP), or a fixed height and width (SigLIP, PaliGemma)."""
+    size = getattr(processor, "size", None)
+    if not getattr(processor, "do_resize", False) or size is None:
+        return None
+    given = {key: value for key, value in dict(size).items() if value is not None}
+    if set(given) == {"shortest_edge"} and _positive(given["shortest_edge"]):
+        return shortest_edge_resize(int(given["shortest_edge"]))
+    if set(given) == {"height", "width"} and _positive(given["height"]) and _positive(given["width"]):
+        return fixed_resize(int(given["width"]), int(given["height"]))
+    return None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

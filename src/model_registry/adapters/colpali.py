@@ -19,10 +19,11 @@ import numpy as np
 import torch
 
 from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.adapters.clip import resize_of
 from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
 from model_registry.backends.weights import from_pretrained_checked
-from model_registry.decoding import MediaLimits, decode_image, media_of, processing
+from model_registry.decoding import MediaLimits, Resize, decode_image, media_of, processing
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Modality, Output, Prepared, Result, Text
@@ -50,6 +51,7 @@ class ColPaliAdapter(Adapter):
         self.dtype = torch.float32
         self.limits = MediaLimits()
         self.query_max_length = 512
+        self.resize: Resize | None = None
         self._footprint = 0
 
     def load(self, options: LoadOptions) -> None:
@@ -63,6 +65,7 @@ class ColPaliAdapter(Adapter):
         self.limits = MediaLimits.of(options)
         directory = str(self.layout.root)
         self.processor = transformers.AutoProcessor.from_pretrained(directory)  # type: ignore[no-untyped-call]
+        self.resize = resize_of(self.processor.image_processor)  # PaliGemma's fixed size; None for ColQwen2's
         model = from_pretrained_checked(model_class, self.layout.root, "page retrieval", dtype=self.dtype)
         self.model = model.to(self.device).eval()
         self.dimensions = int(self.model.config.embedding_dim)
@@ -87,7 +90,7 @@ class ColPaliAdapter(Adapter):
             media = media_of(index, item, frozenset({Modality.IMAGE}))
             self._check_outputs(item)
             if media is not None:
-                image = decode_image(media.data, index, self.limits)
+                image = decode_image(media.data, index, self.limits, self.resize)
                 with processing(index, "image"):
                     encoded = self.processor.process_images([image], return_tensors="pt")
                 group = "image"

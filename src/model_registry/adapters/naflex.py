@@ -60,7 +60,7 @@ class NaflexAdapter(TwoTowerAdapter):
         super().unload()
 
     def prepare_media(self, media: Media, index: int) -> tuple[Any, int]:
-        image = decode_image(media.data, index, self.limits)
+        image = decode_image(media.data, index, self.limits, self.resize)
         with processing(index, "image"):
             out = self.processor(
                 images=[image], max_num_patches=self.max_num_patches, patch_size=self.patch_size, return_tensors="pt"
@@ -69,6 +69,13 @@ class NaflexAdapter(TwoTowerAdapter):
         height, width = (int(n) for n in out["spatial_shapes"][0])
         values = out["pixel_values"][0, :count].to(torch.float32).contiguous()
         return Patches(values, (height, width)), count
+
+    def resize(self, width: int, height: int) -> tuple[int, int]:
+        """The size the processor resizes an image of `width` x `height` to (its own rule)."""
+        from transformers.models.siglip2.image_processing_siglip2 import get_image_size_for_max_num_patches
+
+        down, across = get_image_size_for_max_num_patches(height, width, self.patch_size, self.max_num_patches)
+        return across, down
 
     def collate_media(self, items: Sequence[Prepared]) -> dict[str, torch.Tensor]:
         images: list[Patches] = [p.data for p in items]

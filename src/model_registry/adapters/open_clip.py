@@ -19,7 +19,16 @@ import torch
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.towers import tower_text
 from model_registry.backends import torch as backend
-from model_registry.decoding import MediaLimits, crop_for_center_crop, decode_image, media_of, processing
+from model_registry.decoding import (
+    MediaLimits,
+    Resize,
+    crop_for_center_crop,
+    decode_image,
+    fixed_resize,
+    media_of,
+    processing,
+    shortest_edge_resize,
+)
 from model_registry.detect import Layout
 from model_registry.errors import ModelUnavailable
 from model_registry.types import Capability, Embedding, Item, Kind, Modality, Prepared, Result
@@ -46,6 +55,7 @@ class OpenClipAdapter(Adapter):
         self.limits = MediaLimits()
         self.patches = 1
         self.center_crop: tuple[int, int, int] | None = None
+        self.resize: Resize | None = None
         self._footprint = 0
 
     def load(self, options: LoadOptions) -> None:
@@ -64,6 +74,7 @@ class OpenClipAdapter(Adapter):
         self.model = model.to(dtype=self.dtype).eval()
         self.transform = transform
         self.center_crop = torchvision_center_crop(transform)
+        self.resize = torchvision_resize(transform)
         self.tokenizer = open_clip.get_tokenizer(name)
         self.max_length = int(getattr(self.tokenizer, "context_length", 77))
         grid = getattr(self.model.visual, "grid_size", None)
@@ -83,7 +94,7 @@ class OpenClipAdapter(Adapter):
         for index, item in enumerate(items):
             media = media_of(index, item, frozenset({Modality.IMAGE}))
             if media is not None:
-                image = decode_image(media.data, index, self.limits)
+                image = decode_image(media.data, index, self.limits, self.resize)
                 with processing(index, "image"):
                     if self.center_crop is not None:
                         image = crop_for_center_crop(image, *self.center_crop)
@@ -127,3 +138,19 @@ def torchvision_center_crop(transform: Any) -> tuple[int, int, int] | None:
     if not isinstance(edge, int) or getattr(resize, "max_size", None) or len(size) != 2:
         return None
     return edge, int(size[1]), int(size[0])
+
+
+def torchvision_resize(transform: Any) -> Resize | None:
+    """The resize of `transform` where its first step is torchvision's plain `Resize`: the shortest
+    edge to a length, or a fixed (height, width)."""
+    steps = list(getattr(transform, "transforms", ()))
+    first = steps[0] if steps else None
+    if type(first).__name__ != "Resize" or getattr(first, "max_size", None):
+        return None
+    size = first.size  # type: ignore[union-attr]
+    sides = list(size) if isinstance(size, (list, tuple)) else [size]
+    if not all(isinstance(side, int) and side > 0 for side in sides):
+        return None
+    if len(sides) == 1:
+        return shortest_edge_resize(sides[0])
+    return fixed_resize(sides[1], sides[0]) if len(sides) == 2 else None
