@@ -79,7 +79,7 @@ def _item_price(item: Item, max_length: int | None) -> int:
     elif isinstance(item, PairItem):
         tokens, truncate = _tokens(len(item.query) + len(item.document)), item.truncate
     elif isinstance(item, ClassifyItem):
-        tokens, truncate = _tokens(len(item.text)), item.truncate
+        tokens, truncate = _tokens(len(item.text) + len(item.pair or "")), item.truncate
     else:
         return 1
     return min(tokens, max_length) if truncate and max_length else tokens

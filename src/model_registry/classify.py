@@ -1,4 +1,5 @@
-"""Classify texts on top of `Runner.run`: each text's label scores, softmax unless raw, best first."""
+"""Classify texts and pairs of texts on top of `Runner.run`: each input's label scores, softmax unless
+raw, best first."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 async def classify(
     registry: Runner,
     model: str,
-    texts: Sequence[str],
+    inputs: Sequence[str | Sequence[str]],
     *,
     raw_scores: bool = False,
     truncate: bool | None = None,
@@ -57,14 +58,27 @@ async def classify(
     priority: int | None = None,
     timeout: float | None = None,
 ) -> Classification:
-    """Label scores per text (softmax over the labels unless `raw_scores`), best first."""
+    """Label scores per input (softmax over the labels unless `raw_scores`), best first.
+
+    An input is a text, or a pair `[text, text_pair]` read together as `tokenizer(text,
+    text_pair)` reads it (an NLI model's premise and hypothesis); a request may hold both. An
+    over-long pair loses tokens from its longer text first, at the end of the texts or, with
+    `truncation_direction` "left", at their start; a single text cut on the left loses its first
+    words, cut at a word boundary."""
     spec = registry.spec(model)
-    checked = validation.texts(texts, registry.config, "classification takes texts, not token ids or media")
+    refusal = "classification takes texts or pairs of texts, not token ids or media"
+    checked = validation.texts_or_pairs(inputs, registry.config, refusal)
     adapter = await registry.adapter(model)
     validation.require(model, adapter, Capability.CLASSIFY, "classify")
     cut = spec.truncate if truncate is None else truncate
-    if cut and validation.cut_left(adapter, model, truncation_direction, pairs=True):
-        checked = await fit_left(registry, adapter, model, checked, None)
-    items = [ClassifyItem(t, cut) for t in checked]
+    left = bool(cut) and validation.cut_left(adapter, model, truncation_direction, pairs=True)
+    singles = [i for i, (_, pair) in enumerate(checked) if pair is None]
+    if left and singles:
+        fitted = await fit_left(registry, adapter, model, [checked[i][0] for i in singles], None)
+        for i, text in zip(singles, fitted, strict=True):
+            checked[i] = (text, None)
+    # A single text is already cut to fit; a pair is cut by the tokenizer, which alone knows how
+    # its two texts share the limit.
+    items = [ClassifyItem(text, cut, pair, left and pair is not None) for text, pair in checked]
     results = await registry.run(model, items, priority=priority, timeout=timeout)
     return classification(results.items, raw_scores, results.tokens)

@@ -130,8 +130,15 @@ class PairItem:
 
 @dataclass(frozen=True, slots=True)
 class ClassifyItem:
+    """One input to classify: a text, or with `pair` a pair read as the tokenizer's text and
+    text_pair (an NLI model's premise and hypothesis). `truncate_left` cuts an over-long input at
+    the start of its texts instead of their end, as the tokenizer does with truncation_side left;
+    the classify task cuts a single text at a word boundary itself, so it sets this for pairs."""
+
     text: str
     truncate: bool = True
+    pair: str | None = None
+    truncate_left: bool = False
 
 
 Item: TypeAlias = EmbedItem | PairItem | ClassifyItem

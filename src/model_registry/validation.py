@@ -18,6 +18,11 @@ RawInput = str | Sequence[int] | Content
 
 def contents(inputs: Sequence[RawInput], config: RegistryConfig) -> list[Content]:
     """The request's inputs as contents: a non-empty list within the registry's limits."""
+    _check_list(inputs, config)
+    return [content(i, value, config.max_input_chars) for i, value in enumerate(inputs)]
+
+
+def _check_list(inputs: object, config: RegistryConfig) -> None:
     if isinstance(inputs, str) or not isinstance(inputs, Sequence):
         raise InvalidInput("input must be a list", param="input")
     if not inputs:
@@ -25,7 +30,6 @@ def contents(inputs: Sequence[RawInput], config: RegistryConfig) -> list[Content
     limit = config.max_inputs_per_request
     if len(inputs) > limit:
         raise InvalidInput(f"input has {len(inputs)} items; at most {limit} are accepted per request", param="input")
-    return [content(i, value, config.max_input_chars) for i, value in enumerate(inputs)]
 
 
 def texts(inputs: Sequence[str], config: RegistryConfig, refusal: str, param: str = "input") -> list[str]:
@@ -36,7 +40,32 @@ def texts(inputs: Sequence[str], config: RegistryConfig, refusal: str, param: st
     return [c.text for c in checked if isinstance(c, Text)]
 
 
-def content(index: int, raw: RawInput, max_chars: int) -> Content:
+def texts_or_pairs(
+    inputs: Sequence[str | Sequence[str]], config: RegistryConfig, refusal: str
+) -> list[tuple[str, str | None]]:
+    """The request's inputs, each a text or a pair of texts `[text, text_pair]` (as the text and
+    its pair's second text, else None), each text within the limits a single text has; an input
+    of anything else (token ids, media) is `refusal`."""
+    _check_list(inputs, config)
+    return [_text_or_pair(i, value, config.max_input_chars, refusal) for i, value in enumerate(inputs)]
+
+
+def _text_or_pair(index: int, value: object, max_chars: int, refusal: str) -> tuple[str, str | None]:
+    members: Sequence[object] = [value]
+    if isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(v, str) for v in value):
+        if len(value) != 2:
+            raise InvalidInput(
+                f"input {index} is a list of {len(value)} texts; a pair is two, [text, text_pair]", param="input"
+            )
+        members = value
+    checked = [content(index, member, max_chars) for member in members]
+    texts = [c.text for c in checked if isinstance(c, Text)]
+    if len(texts) != len(checked):
+        raise InvalidInput(refusal, param="input")
+    return texts[0], texts[1] if len(texts) == 2 else None
+
+
+def content(index: int, raw: object, max_chars: int) -> Content:
     value: object = raw
     if isinstance(raw, str):
         value = Text(raw)

@@ -31,8 +31,11 @@ CORPUS = [
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-def wordpiece_tokenizer(max_length: int = 128, specials: tuple[str, ...] = BERT_SPECIALS) -> PreTrainedTokenizerFast:
-    """A BERT-style WordPiece tokenizer trained on a few sentences; `specials` take the first ids."""
+def wordpiece_tokenizer(
+    max_length: int = 128, specials: tuple[str, ...] = BERT_SPECIALS, *, segment_ids: bool = False
+) -> PreTrainedTokenizerFast:
+    """A BERT-style WordPiece tokenizer trained on a few sentences; `specials` take the first ids.
+    With `segment_ids` it gives `token_type_ids` (1 on a pair's second text), as BERT's own does."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -52,6 +55,7 @@ def wordpiece_tokenizer(max_length: int = 128, specials: tuple[str, ...] = BERT_
         sep_token="[SEP]",
         mask_token="[MASK]",
         model_max_length=max_length,
+        **({"model_input_names": ["input_ids", "token_type_ids", "attention_mask"]} if segment_ids else {}),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import string
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,34 @@ def one_label(labels: int = 1) -> dict[str, Any]:
     return {"num_labels": labels}
 
 
-def tiny_cross_encoder(root: Path, *, labels: int = 1, seed: int = 0, max_length: int = 128) -> Path:
-    """A BertForSequenceClassification with `labels` outputs (1: a reranker; more: a classifier)."""
+def tiny_cross_encoder(
+    root: Path,
+    *,
+    labels: int = 1,
+    seed: int = 0,
+    max_length: int = 128,
+    names: Sequence[str] = (),
+    initializer_range: float = 0.02,
+    segment_ids: bool = False,
+) -> Path:
+    """A BertForSequenceClassification with `labels` outputs (1: a reranker; more: a classifier),
+    named by `names` (else negative, neutral, positive, other). A wider `initializer_range` (0.3)
+    makes its answers differ by input far beyond a test's tolerance; at BERT's 0.02 they differ
+    in the fourth decimal. With `segment_ids` its tokenizer gives a pair's token types."""
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(seed)
-    tokenizer = wordpiece_tokenizer(max_length=max_length)
-    names = {i: name for i, name in enumerate(["negative", "neutral", "positive", "other"][:labels])}
-    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL, **one_label(labels))
+    tokenizer = wordpiece_tokenizer(max_length=max_length, segment_ids=segment_ids)
+    chosen = list(names or ["negative", "neutral", "positive", "other"])[:labels]
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=128,
+        initializer_range=initializer_range,
+        **SMALL,
+        **one_label(labels),
+    )
     if labels > 1:
-        config.id2label, config.label2id = names, {v: k for k, v in names.items()}
+        config.id2label, config.label2id = dict(enumerate(chosen)), {v: k for k, v in enumerate(chosen)}
     model = BertForSequenceClassification(config).eval()
     torch.nn.init.normal_(model.classifier.weight, std=0.5)  # spread the scores apart
     model.save_pretrained(root)

@@ -46,7 +46,7 @@ FAMILIES: dict[str, tuple[Callable[[Path], Path], str, Callable[[], list[Item]],
     "reranker": (tiny_cross_encoder, "reranker", pair_items, ("onnx", "ctranslate2")),
     "xlmr-reranker": (tiny_xlmr_cross_encoder, "reranker", pair_items, ("onnx", "ctranslate2")),
     "classifier": (
-        lambda root: tiny_cross_encoder(root, labels=3),
+        lambda root: tiny_cross_encoder(root, labels=3, initializer_range=0.3, segment_ids=True),
         "classifier",
         classify_items,
         ("onnx", "ctranslate2"),

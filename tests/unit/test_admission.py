@@ -6,7 +6,7 @@ import pytest
 
 from model_registry.admission import Backlog, client_priority, price
 from model_registry.errors import Overloaded
-from model_registry.types import EmbedItem, Media, Modality, PairItem, Text, TokenIds
+from model_registry.types import ClassifyItem, EmbedItem, Media, Modality, PairItem, Text, TokenIds
 
 
 def test_price_counts_characters_and_inputs_before_any_tokenizer() -> None:
@@ -16,6 +16,8 @@ def test_price_counts_characters_and_inputs_before_any_tokenizer() -> None:
     assert price([EmbedItem(Text("a" * 30), truncate=False)], 8) == 12
     assert price([EmbedItem(TokenIds((1, 2, 3, 4, 5)))], None) == 5
     assert price([PairItem("abc", "defghi")], None) == 5
+    assert price([ClassifyItem("abc", pair="defghi")], None) == 5  # a classified pair counts both texts
+    assert price([ClassifyItem("abc")], None) == 3
     image = EmbedItem(Media(Modality.IMAGE, b"..."))
     assert price([image], 50) == 50
     assert price([image], None) == 256

@@ -52,6 +52,28 @@ def test_a_text_only_task_refuses_token_ids_with_its_own_message() -> None:
         validation.texts([[1, 2]], CONFIG, "tokenize takes texts")  # type: ignore[list-item]
 
 
+def test_classified_inputs_are_texts_or_pairs_each_text_bounded_as_one() -> None:
+    checked = validation.texts_or_pairs(["a cat", ["a dog", "a pet"], ("x", "y")], CONFIG, "texts only")
+    assert checked == [("a cat", None), ("a dog", "a pet"), ("x", "y")]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ([], "input must not be empty"),
+        (["a", "b", ["c", "d"], "e"], "input has 4 items; at most 3 are accepted per request"),
+        ([["a", " "]], "input 0 is empty; every input needs some text"),
+        (["a", ["b", "x" * 11]], "input 1 has 11 characters; the limit is 10"),
+        ([[1, 2]], "texts only"),
+        ([["a", "b", "c"]], "input 0 is a list of 3 texts; a pair is two, [text, text_pair]"),
+    ],
+)
+def test_a_bad_text_or_pair_is_refused_with_the_reason(inputs: object, message: str) -> None:
+    with pytest.raises(InvalidInput, match="^" + re.escape(message)) as refused:
+        validation.texts_or_pairs(inputs, CONFIG, "texts only")  # type: ignore[arg-type]
+    assert refused.value.param == "input"
+
+
 def test_outputs_the_model_cannot_produce_are_named_with_its_capabilities() -> None:
     validation.require_outputs("m", adapter(), frozenset({Output.DENSE}))
     with pytest.raises(UnsupportedOperation) as refused:

@@ -125,17 +125,11 @@ def _sequences(inputs: Any) -> tuple[list[list[str]], bool]:
 
 
 def _predictions(info: ModelInfo, sequences: list[list[str]]) -> tuple[str, Any]:
-    """Which engine operation serves these inputs on this model: classify texts or score pairs."""
+    """Which engine operation serves these inputs on this model: classify texts and pairs (each
+    input on its own, as TEI does, so a batch may hold both), or score pairs."""
     pairs = [len(s) == 2 for s in sequences]
     if Capability.CLASSIFY in info.capabilities:
-        if any(pairs):
-            # The engine's classifiers read one text per input; a pair cut into one would be a wrong answer.
-            raise InvalidInput(
-                f"the model '{info.name}' is a classifier, and this server classifies single texts, not pairs; "
-                "send each input as a text (or [text]), or send pairs to a reranker",
-                param="inputs",
-            )
-        return "classify", [s[0] for s in sequences]
+        return "classify", [s[0] if len(s) == 1 else s for s in sequences]
     if not all(pairs):
         raise InvalidInput(f"the model '{info.name}' scores pairs; send each input as [query, text]", param="inputs")
     return "score", [(s[0], s[1]) for s in sequences]

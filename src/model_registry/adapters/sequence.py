@@ -1,9 +1,10 @@
 """Sequence classification heads on torch: cross-encoder rerankers and multi-label classifiers.
 
 Both read a `*ForSequenceClassification` directory. A reranker scores (query, document) pairs
-with one logit; a classifier gives one logit per label of `id2label`. Decoder models (Qwen2,
-Llama...) are scored on their last real token found from the attention mask, so neither a missing
-pad token nor a pad token equal to end-of-text changes the result.
+with one logit; a classifier gives one logit per label of `id2label` for a text or a pair (an NLI
+model's premise and hypothesis). Decoder models (Qwen2, Llama...) are scored on their last real
+token found from the attention mask, so neither a missing pad token nor a pad token equal to
+end-of-text changes the result.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def _sigmoid(value: float) -> float:
 
 
 class SequenceClassifier(TextEncoder):
-    """Shared by the reranker and the classifier: loading, pair tokenizing, padding, the forward."""
+    """Shared by the reranker and the classifier: loading, padding, the forward."""
 
     task: Task = "sequence-classification"
 
@@ -96,7 +97,6 @@ class SequenceClassifier(TextEncoder):
         assert self.tokenizer is not None
         assert self.engine is not None
         self.uses_type_ids = "token_type_ids" in self.tokenizer.tokenizer.model_input_names
-        self.tokenizer.enable_pairs()
         self.decoder = bool(getattr(self.engine, "decoder", False))
         if not self.engine.carries_head(self.task):
             self.head = classifier_head(self.layout.transformer_dir, self.config, self.head_device)
@@ -105,57 +105,15 @@ class SequenceClassifier(TextEncoder):
         self.head = None
         super().unload()
 
-    def encode_texts(
-        self, first: Sequence[str], second: Sequence[str] | None, truncate: Sequence[bool]
-    ) -> list[Encoded]:
-        """Tokenize texts or pairs; pairs lose tokens from the document, keeping the query whole
-        unless the query alone leaves no room, in which case both sides are cut."""
-        assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
-        tokenizer, limit = self.tokenizer, self.tokenizer.max_length
-        if second is None:
-            single = [Encoded(tuple(e.ids), tuple(e.type_ids)) for e in tokenizer.run(first)]
-            self._check_lengths(first, None, truncate, list(single))
-            return single
-        unique = sorted(set(first))  # a rerank request repeats one query for every document
-        counted = dict(zip(unique, map(len, tokenizer.ids(unique, special=False, cut=None)), strict=True))
-        query_lengths = [counted[q] for q in first]
-        room = limit - tokenizer.specials(pair=True) - 1
-        out: list[Encoded | None] = [None] * len(first)
-        for strategy in ("only_second", "longest_first"):
-            rows = [i for i, n in enumerate(query_lengths) if (n <= room) == (strategy == "only_second")]
-            if not rows:
-                continue
-            encoded = tokenizer.run([first[i] for i in rows], [second[i] for i in rows], cut=strategy)
-            for row, e in zip(rows, encoded, strict=True):
-                out[row] = Encoded(tuple(e.ids), tuple(e.type_ids))
-        self._check_lengths(first, second, truncate, out)
-        return [e for e in out if e is not None]
-
-    def _check_lengths(
-        self,
-        first: Sequence[str],
-        second: Sequence[str] | None,
-        truncate: Sequence[bool],
-        out: Sequence[Encoded | None],
-    ) -> None:
-        """With truncation off, an input that was cut is `InputTooLong` naming its index."""
+    def uncut_length(self, text: str, pair: str | None, encoded: Encoded) -> int | None:
+        """The tokens of a text or pair read whole where `encoded`, at the model's limit, was cut
+        from it; None where nothing was cut."""
         assert self.tokenizer is not None
         limit = self.tokenizer.max_length
-        for i, encoded in enumerate(out):
-            if truncate[i] or encoded is None or len(encoded.ids) < limit:
-                continue
-            pair = None if second is None else [second[i]]
-            full = len(self.tokenizer.run([first[i]], pair, cut=None)[0].ids)
-            if full > limit:
-                what = (
-                    f"input {i} has {full} tokens"
-                    if second is None
-                    else f"document {i} and the query have {full} tokens"
-                )
-                raise InputTooLong(
-                    f"{what}, more than the model's limit of {limit}; shorten it or allow truncation",
-                    param="input" if second is None else "documents",
-                )
+        if len(encoded.ids) < limit:
+            return None
+        full = len(self.tokenizer.run([text], None if pair is None else [pair], cut=None)[0].ids)
+        return full if full > limit else None
 
     def collate(self, items: Sequence[Prepared]) -> SequenceBatch:
         assert self.tokenizer is not None, "This is a bug: collate() called before load()"
@@ -185,6 +143,8 @@ class RerankerAdapter(SequenceClassifier):
 
     def load(self, options: LoadOptions) -> None:
         super().load(options)
+        assert self.tokenizer is not None
+        self.tokenizer.enable_pairs()
         if int(self.config.num_labels) != 1:
             raise UnsupportedOperation(
                 f"a reranker needs one output label, this model has {self.config.num_labels}; "
@@ -200,8 +160,33 @@ class RerankerAdapter(SequenceClassifier):
                     f"a reranker scores (query, document) pairs; it cannot take {type(item).__name__}"
                 )
             pairs.append(item)
-        encoded = self.encode_texts([p.query for p in pairs], [p.document for p in pairs], [p.truncate for p in pairs])
+        encoded = self.encode_pairs(pairs)
         return [Prepared(i, len(e.ids), len(e.ids), e) for i, e in enumerate(encoded)]
+
+    def encode_pairs(self, pairs: Sequence[PairItem]) -> list[Encoded]:
+        """Tokenize pairs; they lose tokens from the document, keeping the query whole unless the
+        query alone leaves no room, in which case both sides are cut."""
+        assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
+        tokenizer, limit = self.tokenizer, self.tokenizer.max_length
+        unique = sorted({p.query for p in pairs})  # a rerank request repeats one query for every document
+        counted = dict(zip(unique, map(len, tokenizer.ids(unique, special=False, cut=None)), strict=True))
+        room = limit - tokenizer.specials(pair=True) - 1
+        out: dict[int, Encoded] = {}
+        for strategy in ("only_second", "longest_first"):
+            rows = [i for i, p in enumerate(pairs) if (counted[p.query] <= room) == (strategy == "only_second")]
+            if not rows:
+                continue
+            encoded = tokenizer.run([pairs[i].query for i in rows], [pairs[i].document for i in rows], cut=strategy)
+            out.update((row, Encoded(tuple(e.ids), tuple(e.type_ids))) for row, e in zip(rows, encoded, strict=True))
+        for i, pair in enumerate(pairs):
+            full = None if pair.truncate else self.uncut_length(pair.query, pair.document, out[i])
+            if full is not None:
+                raise InputTooLong(
+                    f"document {i} and the query have {full} tokens, more than the model's limit of {limit}; "
+                    "shorten it or allow truncation",
+                    param="documents",
+                )
+        return [out[i] for i in range(len(pairs))]
 
     def postprocess(self, batch: SequenceBatch, output: torch.Tensor) -> list[Result]:
         results: list[Result] = []
@@ -215,25 +200,55 @@ class RerankerAdapter(SequenceClassifier):
 
 
 class ClassifierAdapter(SequenceClassifier):
-    """One logit per label; the label names come from the model's `id2label`."""
+    """One logit per label; the label names come from the model's `id2label`. An input is a text
+    or a pair (an NLI model's premise and hypothesis), tokenized as `tokenizer(text, pair)`."""
 
     kind = Kind.CLASSIFIER
     capabilities = frozenset({Capability.CLASSIFY})
 
     def load(self, options: LoadOptions) -> None:
         super().load(options)
+        assert self.tokenizer is not None
+        self.tokenizer.enable_left_cut()
         mapping = self.config.id2label or {}
         count = int(self.config.num_labels)
         self.labels = tuple(str(mapping.get(i, mapping.get(str(i), f"LABEL_{i}"))) for i in range(count))
 
     def prepare(self, items: Sequence[Item]) -> list[Prepared]:
-        texts = []
+        inputs = []
         for item in items:
             if not isinstance(item, ClassifyItem):
-                raise UnsupportedOperation(f"a classifier takes texts; it cannot take {type(item).__name__}")
-            texts.append(item)
-        encoded = self.encode_texts([t.text for t in texts], None, [t.truncate for t in texts])
+                raise UnsupportedOperation(
+                    f"a classifier takes texts or pairs of texts; it cannot take {type(item).__name__}"
+                )
+            inputs.append(item)
+        encoded = self.encode_inputs(inputs)
         return [Prepared(i, len(e.ids), len(e.ids), e) for i, e in enumerate(encoded)]
+
+    def encode_inputs(self, items: Sequence[ClassifyItem]) -> list[Encoded]:
+        """Each text, or pair as `tokenizer(text, pair)` encodes it: cut to the model's limit (a
+        pair's longer text first) at the end of the texts, or at their start with `truncate_left`;
+        with truncation off, an input that was cut is `InputTooLong` naming its index."""
+        assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
+        groups: dict[tuple[bool, bool], list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault((item.pair is not None, item.truncate_left), []).append(i)
+        out: dict[int, Encoded] = {}
+        for (paired, left), rows in groups.items():
+            seconds = [items[i].pair or "" for i in rows] if paired else None
+            encoded = self.tokenizer.run([items[i].text for i in rows], seconds, left=left)
+            out.update((row, Encoded(tuple(e.ids), tuple(e.type_ids))) for row, e in zip(rows, encoded, strict=True))
+        limit = self.tokenizer.max_length
+        for i, item in enumerate(items):
+            full = None if item.truncate else self.uncut_length(item.text, item.pair, out[i])
+            if full is not None:
+                both = "" if item.pair is None else " (its two texts together)"
+                raise InputTooLong(
+                    f"input {i} has {full} tokens{both}, more than the model's limit of {limit}; "
+                    "shorten it or allow truncation",
+                    param="input",
+                )
+        return [out[i] for i in range(len(items))]
 
     def postprocess(self, batch: SequenceBatch, output: torch.Tensor) -> list[Result]:
         array = np.ascontiguousarray(output.numpy(), dtype=np.float32)

@@ -7,6 +7,7 @@ over-long input with truncation off is rejected there, naming its index, the lim
 from __future__ import annotations
 
 from collections.abc import Sequence
+from copy import copy as shallow_copy
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -34,9 +35,12 @@ def usable_positions(config: Any) -> int | None:
     return positions
 
 
-def _fixed_copy(tokenizer: Any, max_length: int | None, strategy: str = "longest_first") -> Any:
+def _fixed_copy(
+    tokenizer: Any, max_length: int | None, strategy: str = "longest_first", direction: str | None = None
+) -> Any:
     """A copy of the Rust tokenizer behind the fast `tokenizer`, set once to cut at `max_length`
-    with `strategy` (or never to cut, with None) and never reconfigured.
+    with `strategy` on the `direction` side (None: the tokenizer's own `truncation_side`), or never
+    to cut with None, and never reconfigured.
 
     The wrapper's `__call__` sets truncation and padding on its one Rust tokenizer at each call
     that asks for different ones, so two threads calling it with different settings get each
@@ -53,7 +57,8 @@ def _fixed_copy(tokenizer: Any, max_length: int | None, strategy: str = "longest
     if max_length is None:
         copy.no_truncation()
     else:
-        copy.enable_truncation(max_length, stride=0, strategy=strategy, direction=tokenizer.truncation_side)
+        side = direction or tokenizer.truncation_side
+        copy.enable_truncation(max_length, stride=0, strategy=strategy, direction=side)
     copy.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
     return copy
 
@@ -120,6 +125,7 @@ class TextTokenizer:
         self._special = set(self.tokenizer.all_special_ids)
         self._prompt_lengths: dict[str, int] = {}
         self._fixed: dict[str | None, Any] = {}
+        self._left: Any = None  # `enable_left_cut`'s tokenizer
         if getattr(self.tokenizer, "backend_tokenizer", None) is not None:
             self._fixed = {
                 None: _fixed_copy(self.tokenizer, None),
@@ -134,17 +140,32 @@ class TextTokenizer:
         if self._fixed and "only_second" not in self._fixed:
             self._fixed["only_second"] = _fixed_copy(self.tokenizer, self.max_length, "only_second")
 
+    def enable_left_cut(self) -> None:
+        """Make `run(left=True)` cut at the start of the texts, as the tokenizer does with
+        truncation_side left (a pair loses tokens from its longer text first). Called at load,
+        before any thread tokenizes: one more copy, which only classifiers' pairs need."""
+        if self._left is not None:
+            return
+        if self._fixed:
+            self._left = _fixed_copy(self.tokenizer, self.max_length, direction="left")
+            return
+        # A slow tokenizer keeps no state between calls but this attribute: a shallow copy shares the rest.
+        self._left = shallow_copy(self.tokenizer)
+        self._left.truncation_side = "left"
+
     def run(
         self,
         texts: Sequence[str],
         pairs: Sequence[str] | None = None,
         *,
         cut: str | None = "longest_first",
+        left: bool = False,
         special: bool = True,
         offsets: bool = False,
     ) -> Sequence[Any]:
         """Encode `texts` (with `pairs` as second texts), cut to the limit with the `cut`
-        strategy ("longest_first", "only_second" after `enable_pairs`) or whole with None.
+        strategy ("longest_first", "only_second" after `enable_pairs`) or whole with None; with
+        `left` (after `enable_left_cut`, "longest_first" only), cut at the start of the texts.
 
         Each result has `ids` and `type_ids`, and `offsets` where asked (fast tokenizers always
         have them; slow ones cannot give them).
@@ -152,11 +173,15 @@ class TextTokenizer:
         if not texts:  # the fast tokenizer raises IndexError on an empty batch
             return []
         inputs: list[Any] = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
+        if left:
+            assert self._left is not None, "This is a bug: a left cut without enable_left_cut"
+            assert cut == "longest_first", f"This is a bug: a left cut with {cut!r}"
         if self._fixed:
-            fixed = self._fixed.get(cut)
+            fixed = self._left if left else self._fixed.get(cut)
             assert fixed is not None, f"This is a bug: no tokenizer cuts with {cut!r} (enable_pairs?)"
             return cast("list[Any]", fixed.encode_batch(inputs, add_special_tokens=special))
-        encoded = self.tokenizer(
+        wrapper = self._left if left else self.tokenizer
+        encoded = wrapper(
             list(texts),
             None if pairs is None else list(pairs),
             add_special_tokens=special,
