@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.conftest import LiveServer
@@ -91,6 +93,19 @@ def test_a_streamed_body_over_the_limit_is_413(server: LiveServer) -> None:
         response = client.post("/v1/embeddings", content=chunks(), headers={"content-type": "application/json"})
         assert response.status_code == 413
         assert client.post("/v1/embeddings", json=GOOD).status_code == 200
+
+
+def test_a_compressed_body_is_415_and_the_connection_stays_usable(server: LiveServer) -> None:
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    with server.client() as client:
+        response = client.post("/v1/embeddings", content=gzip.compress(orjson.dumps(GOOD)), headers=headers)
+        assert response.status_code == 415, response.text
+        assert response.headers["accept-encoding"] == "identity"
+        error = response.json()["error"]
+        assert error["code"] == "unsupported_content_encoding"
+        assert "Content-Encoding: gzip" in error["message"]
+        assert client.post("/v1/embeddings", json=GOOD).status_code == 200
+        assert client.get("/health", headers={"content-encoding": "gzip"}).status_code == 200
 
 
 def test_unknown_routes_and_methods_use_the_error_shape(server: LiveServer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 
 import httpx
 import pytest
@@ -25,15 +26,23 @@ class Reached:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-def post(path: str, headers: dict[str, str], body: bytes = BODY) -> tuple[httpx.Response, list[str]]:
+def send(
+    method: str, path: str, headers: dict[str, str] | list[tuple[str, str]], body: bytes | None = BODY
+) -> tuple[httpx.Response, list[str]]:
     inner = Reached()
 
     async def run() -> httpx.Response:
         transport = httpx.ASGITransport(app=Routed(JsonContentType(inner), routes=ROUTES))
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.post(path, content=body, headers=headers)
+            return await client.request(method, path, content=body, headers=headers)
 
     return asyncio.run(run()), inner.paths
+
+
+def post(
+    path: str, headers: dict[str, str] | list[tuple[str, str]], body: bytes = BODY
+) -> tuple[httpx.Response, list[str]]:
+    return send("POST", path, headers, body)
 
 
 @pytest.mark.parametrize(
@@ -85,3 +94,62 @@ def test_an_upload_route_takes_only_multipart(content_type: str) -> None:
     assert response.json()["error"]["code"] == "unsupported_media_type"
     assert "multipart/form-data" in response.json()["error"]["message"]
     assert reached == []
+
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize("coding", ["gzip", "GZIP", "br", "deflate", "identity, gzip", "x-custom"])
+def test_an_encoded_body_is_415_naming_the_header_before_the_route(coding: str) -> None:
+    response, reached = post("/v1/embeddings", {**JSON, "content-encoding": coding}, gzip.compress(BODY))
+    assert response.status_code == 415
+    assert response.headers["accept-encoding"] == "identity"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "unsupported_content_encoding"
+    assert error["type"] == "invalid_request_error"
+    assert "Content-Encoding" in error["message"]
+    assert coding.split(", ")[-1].lower() in error["message"]
+    assert "identity" in error["message"]
+    assert reached == []
+
+
+def test_an_encoded_body_is_refused_in_the_routes_shape_and_on_upload_routes() -> None:
+    tei, reached = post("/embed", {**JSON, "content-encoding": "gzip"})
+    assert tei.status_code == 415
+    assert set(tei.json()) == {"error", "error_type"}
+    assert "Content-Encoding: gzip" in tei.json()["error"]
+    upload, reached_upload = post(
+        "/v1/embeddings/upload", {"content-type": "multipart/form-data; boundary=x", "content-encoding": "gzip"}
+    )
+    assert upload.status_code == 415
+    assert upload.json()["error"]["code"] == "unsupported_content_encoding"
+    assert reached == reached_upload == []
+
+
+def test_a_second_encoding_header_is_read_too() -> None:
+    response, reached = post(
+        "/v1/embeddings", [*JSON.items(), ("content-encoding", "identity"), ("content-encoding", "br")]
+    )
+    assert response.status_code == 415
+    assert reached == []
+
+
+@pytest.mark.parametrize("coding", ["identity", "Identity", ""])
+def test_identity_passes(coding: str) -> None:
+    response, reached = post("/v1/embeddings", {**JSON, "content-encoding": coding})
+    assert response.status_code == 200
+    assert reached == ["/v1/embeddings"]
+
+
+def test_a_long_encoding_is_cut_in_the_message() -> None:
+    response, _ = post("/v1/embeddings", {**JSON, "content-encoding": "x" * 5000})
+    assert response.status_code == 415
+    assert len(response.json()["error"]["message"]) < 400
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/openapi.json"])
+def test_requests_without_a_body_method_pass_whatever_their_encoding(path: str) -> None:
+    response, reached = send("GET", path, {"content-encoding": "gzip"}, body=None)
+    assert response.status_code == 200
+    assert reached == [path]

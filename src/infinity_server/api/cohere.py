@@ -1,9 +1,11 @@
 """Cohere's dialect: rerank and embed, versions 1 and 2.
 
-Rerank results carry `document: {text}` only when `return_documents` is true (v1 returned them by
+Rerank results carry their document only when `return_documents` is true (v1 returned them by
 default, v2 does not) and a hybrid rerank's `parts` on request; `meta` says how the scores were
-computed. Embed answers every asked embedding type from one engine call; `input_type` picks the
-model's prompt of that role.
+computed. v1 also ranks object documents on their `rank_fields`. vLLM serves its rerank at the same
+two paths with the same core body: a body with a field only vLLM's has is answered by
+`api.vllm.rerank` in vLLM's shape, any other in Cohere's. Embed answers every asked embedding type
+from one engine call; `input_type` picks the model's prompt of that role.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from infinity_server.api.common import fetched_media, registry_of
+from infinity_server.api import vllm
+from infinity_server.api.common import fetched_media, parse_body, registry_of
 from infinity_server.encoding import dense_vectors, encode_vectors, numbers_in
 from infinity_server.routing import Vectors, post
 from infinity_server.schemas.cohere import (
@@ -25,8 +28,10 @@ from infinity_server.schemas.cohere import (
     CohereRerankRequest,
     CohereRerankResponse,
     CohereResult,
+    CohereV1RerankRequest,
 )
 from infinity_server.schemas.responses import Vector
+from infinity_server.schemas.vllm import VllmRerankRequest, VllmRerankResponse
 from model_registry import Content, InvalidInput, Modality, Results, Text
 
 #: Cohere's embedding type -> (this server's dtype, JSON encoding).
@@ -59,7 +64,7 @@ async def _rerank(request: Request, body: CohereRerankRequest, version: str) -> 
     for r in ranking.results:
         entry: CohereResult = {"index": r.index, "relevance_score": r.score}
         if return_documents:
-            entry["document"] = {"text": r.document}
+            entry["document"] = body.returned(r.index)
         if r.parts is not None:
             entry["parts"] = dict(r.parts)
         results.append(entry)
@@ -72,12 +77,16 @@ async def _rerank(request: Request, body: CohereRerankRequest, version: str) -> 
     return {"id": str(uuid.uuid4()), "results": results, "meta": meta}
 
 
-async def rerank_v1(request: Request, body: CohereRerankRequest) -> CohereRerankResponse:
-    return await _rerank(request, body, "1")
+async def rerank_v1(request: Request, body: dict[str, Any]) -> CohereRerankResponse | VllmRerankResponse:
+    if vllm.rerank_body(body, CohereV1RerankRequest):
+        return await vllm.rerank(request, await parse_body(request, VllmRerankRequest, body))
+    return await _rerank(request, await parse_body(request, CohereV1RerankRequest, body), "1")
 
 
-async def rerank_v2(request: Request, body: CohereRerankRequest) -> CohereRerankResponse:
-    return await _rerank(request, body, "2")
+async def rerank_v2(request: Request, body: dict[str, Any]) -> CohereRerankResponse | VllmRerankResponse:
+    if vllm.rerank_body(body, CohereRerankRequest):
+        return await vllm.rerank(request, await parse_body(request, VllmRerankRequest, body))
+    return await _rerank(request, await parse_body(request, CohereRerankRequest, body), "2")
 
 
 # ---- embed ----------------------------------------------------------------------------------------
@@ -168,8 +177,20 @@ _EXAMPLE = {
     "top_n": 1,
 }
 operations = [
-    post("/v1/rerank", rerank_v1, "Rerank (Cohere v1)", example=_EXAMPLE),
-    post("/v2/rerank", rerank_v2, "Rerank (Cohere v2)", example=_EXAMPLE),
+    post(
+        "/v1/rerank",
+        rerank_v1,
+        "Rerank (Cohere v1, or vLLM's body)",
+        request=CohereV1RerankRequest | VllmRerankRequest,
+        example=_EXAMPLE,
+    ),
+    post(
+        "/v2/rerank",
+        rerank_v2,
+        "Rerank (Cohere v2, or vLLM's body)",
+        request=CohereRerankRequest | VllmRerankRequest,
+        example=_EXAMPLE,
+    ),
     post("/v1/embed", embed_v1, "Embed (Cohere v1)"),
     post("/v2/embed", embed_v2, "Embed (Cohere v2; text and image inputs)"),
 ]

@@ -1,20 +1,26 @@
-"""vLLM's pooling dialect: score (at two paths) and pooling.
+"""vLLM's pooling dialect: score (at two paths), rerank and pooling.
 
 Score scores (text_1, text_2) pairs with a cross-encoder, or with an embedding model by the
-cosine of the two texts' vectors (MaxSim for multi-vector models), as vLLM does. Pooling
-answers a model's token vectors when it has them (ColBERT, BGE-M3, ColPali), else its vector.
+cosine of the two texts' vectors (MaxSim for multi-vector models), as vLLM does. Rerank ranks
+documents the same way in vLLM's (Jina's) shape; its paths are Cohere's too, and `rerank_body`
+tells the two bodies apart (the routes are declared in the Cohere module). Pooling answers a
+model's token vectors when it has them (ColBERT, BGE-M3, ColPali), else its vector.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from starlette.requests import Request
 
 from infinity_server.api.common import registry_of
 from infinity_server.encoding import column, dense_vectors, encode_vectors, numbers_in, output_limit
+from infinity_server.errors import HTTPError
 from infinity_server.routing import Vectors, post
+from infinity_server.schemas.common import Body, fields_only_in
 from infinity_server.schemas.vllm import (
     PoolingData,
     PoolingRequest,
@@ -22,29 +28,40 @@ from infinity_server.schemas.vllm import (
     ScoreData,
     ScoreRequest,
     ScoreResponse,
+    VllmOptions,
+    VllmRerankRequest,
+    VllmRerankResponse,
+    VllmRerankResult,
     VllmUsage,
 )
 from model_registry import Capability, InvalidInput, Output, UnsupportedOperation
 
 
 def _usage(tokens: int) -> VllmUsage:
-    return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+    return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0, "prompt_tokens_details": None}
+
+
+def _pair_truncation(body: VllmOptions, path: str) -> tuple[bool | None, str]:
+    """Whether and on which side a pair is cut: at the model's limit only, the query kept whole
+    (vLLM's `k` counts the pair's tokens together, which the engine does not cut to)."""
+    options = body.truncation(body.truncate)
+    if "max_tokens" in options:
+        raise UnsupportedOperation(
+            f"{path} cuts a pair at the model's limit only: send truncate_prompt_tokens -1, or none",
+            param="truncate_prompt_tokens",
+        )
+    return options["truncate"], options.get("truncation_direction", "right")
 
 
 async def score(request: Request, body: ScoreRequest) -> ScoreResponse:
     body.refuse_unserved()
-    options = body.truncation(body.truncate)
-    if "max_tokens" in options:
-        raise UnsupportedOperation(
-            "/score cuts a pair at the model's limit only: send truncate_prompt_tokens -1, or none",
-            param="truncate_prompt_tokens",
-        )
+    truncate, direction = _pair_truncation(body, request.url.path)
     scored = await registry_of(request).score(
         body.model,
         body.pairs(),
         raw_scores=body.raw_scores(),
-        truncate=options["truncate"],
-        truncation_direction=options.get("truncation_direction", "right"),
+        truncate=truncate,
+        truncation_direction=direction,
         priority=body.priority,
     )
     data: list[ScoreData] = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scored.scores)]
@@ -55,6 +72,50 @@ async def score(request: Request, body: ScoreRequest) -> ScoreResponse:
         "model": body.model,
         "data": data,
         "usage": _usage(scored.tokens),
+    }
+
+
+def rerank_body(data: Mapping[str, Any], other: type[Body]) -> bool:
+    """Whether a rerank body on a path vLLM shares with `other`'s dialect is vLLM's: it sets a field
+    only vLLM's rerank has. A body without one is `other`'s; one with fields of both is a 422."""
+    ours = fields_only_in(data, VllmRerankRequest, other)
+    if not ours:
+        return False
+    theirs = fields_only_in(data, other, VllmRerankRequest)
+    if theirs:
+        raise HTTPError(
+            422,
+            f"the body mixes vLLM's rerank fields ({', '.join(ours)}) with fields vLLM's rerank does not take "
+            f"({', '.join(theirs)}); send one dialect's body (docs/dialects/vllm.md#rerank)",
+            code="invalid_body",
+            param=ours[0],
+        )
+    return True
+
+
+async def rerank(request: Request, body: VllmRerankRequest) -> VllmRerankResponse:
+    """vLLM's answer: every result carries its document, best first, at most `top_n` (0: all)."""
+    body.refuse_unserved()
+    truncate, direction = _pair_truncation(body, request.url.path)
+    ranking = await registry_of(request).rerank(
+        body.model,
+        body.query,
+        body.documents,
+        top_n=body.top_n if body.top_n > 0 else None,
+        raw_scores=body.raw_scores(),
+        truncate=truncate,
+        truncation_direction=direction,
+        priority=body.priority,
+    )
+    results: list[VllmRerankResult] = [
+        {"index": r.index, "document": {"text": r.document, "multi_modal": None}, "relevance_score": r.score}
+        for r in ranking.results
+    ]
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": body.model,
+        "usage": {"prompt_tokens": ranking.tokens, "total_tokens": ranking.tokens},
+        "results": results,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
@@ -14,7 +15,10 @@ from model_registry import InvalidInput
 
 
 class CohereRerankRequest(ModelOptions):
-    """Documents are strings or objects with a `text` field."""
+    """Cohere v2's rerank body (and v1's core): `documents` are strings, as in Cohere's v2 API
+    (or `{text}` objects, which its earlier clients sent).
+
+    Documents are taken as any JSON value here so that a wrong one is a 400 naming its index."""
 
     lower_priority_first = True
     priority: LowerFirstPriority = None
@@ -32,18 +36,88 @@ class CohereRerankRequest(ModelOptions):
     return_parts: StrictBool = False
 
     def texts(self) -> list[str]:
-        """The documents as strings; anything but a string or `{text: string}` is `InvalidInput`."""
+        """The texts the model ranks: strings, or `{text}` objects as Cohere's earlier v2 clients
+        send them; any other document is `InvalidInput`."""
         texts = []
         for i, document in enumerate(self.documents):
-            if isinstance(document, dict) and isinstance(document.get("text"), str):
+            if isinstance(document, dict) and set(document) == {"text"} and isinstance(document["text"], str):
                 texts.append(document["text"])
             elif isinstance(document, str):
                 texts.append(document)
             else:
                 raise InvalidInput(
-                    f"document {i} must be a string or an object with a string 'text' field", param="documents"
+                    f"document {i} is {_json_type(document)}; /v2/rerank takes strings (or {{text}} objects), as "
+                    "Cohere's v2 does: write an object's fields into its text (one 'key: value' line each), or "
+                    "send it to /v1/rerank with rank_fields",
+                    param="documents",
                 )
         return texts
+
+    def returned(self, index: int) -> dict[str, Any]:
+        """Document `index` as `return_documents` answers it: `{text}` for a string, an object as given."""
+        document = self.documents[index]
+        return {"text": document} if isinstance(document, str) else dict(document)
+
+
+class CohereV1RerankRequest(CohereRerankRequest):
+    """Cohere v1's rerank body: documents are strings or objects of string fields; an object is
+    ranked on its `rank_fields` (default `text`), as `ranked_text` writes them."""
+
+    rank_fields: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+
+    def texts(self) -> list[str]:
+        fields = self.rank_fields or ["text"]
+        if len(set(fields)) < len(fields):
+            repeated = next(name for name, count in Counter(fields).items() if count > 1)
+            raise InvalidInput(f"rank_fields names '{repeated}' twice; name each field once", param="rank_fields")
+        return [ranked_text(document, i, fields) for i, document in enumerate(self.documents)]
+
+
+def ranked_text(document: Any, index: int, fields: list[str]) -> str:
+    """The text the model reads for one v1 document: a string as it is; an object's one ranked field
+    as its value alone, or several as one `key: value` line each, in `fields`' order (the YAML-like
+    layout Cohere recommends for structured documents).
+
+    Each ranked field must be a string in every object, and the fields are distinct, so the texts
+    hold at most every value of the body once plus its field names: the body limit bounds them, and
+    each text is held to `max_input_chars` as a string document is."""
+    if isinstance(document, str):
+        return document
+    if not isinstance(document, dict):
+        raise InvalidInput(
+            f"document {index} is {_json_type(document)}; a document is a string or an object of string fields",
+            param="documents",
+        )
+    values = [_field(document, index, name, fields) for name in fields]
+    if len(fields) == 1:
+        return values[0]
+    return "\n".join(f"{name}: {value}" for name, value in zip(fields, values, strict=True))
+
+
+def _field(document: dict[str, Any], index: int, name: str, fields: list[str]) -> str:
+    if name not in document:
+        hint = "name the fields to rank on in rank_fields" if fields == ["text"] else f"rank_fields is {fields}"
+        raise InvalidInput(f"document {index} has no field '{name}'; {hint}", param="documents")
+    value = document[name]
+    if not isinstance(value, str):
+        raise InvalidInput(
+            f"document {index}'s field '{name}' is {_json_type(value)}; ranked fields must be strings",
+            param="documents",
+        )
+    return value
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of a decoded value, as an error names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else "a string"
 
 
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -116,14 +190,11 @@ class CohereEmbedResponse(TypedDict):
     meta: dict[str, Any]
 
 
-class CohereDocument(TypedDict):
-    text: str
-
-
 class CohereResult(TypedDict):
     index: int
     relevance_score: float | None
-    document: NotRequired[CohereDocument]
+    #: `{text}` for a string document, a v1 object document as it was sent.
+    document: NotRequired[Annotated[dict[str, Any], Field(description="{text}, or the object document as sent")]]
     #: An extension: a hybrid rerank's score per output, with `return_parts`.
     parts: NotRequired[dict[str, float]]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
@@ -124,6 +124,13 @@ class ModelOptions(EngineOptions):
     """`EngineOptions` with the (required) model name."""
 
     model: StrictStr
+
+
+def fields_only_in(data: Mapping[str, Any], model: type[Body], other: type[Body]) -> list[str]:
+    """The fields `data` sets (not null) that `model` declares and `other` does not: on a path two
+    dialects serve with the same core fields, these tell `model`'s body from `other`'s."""
+    mine, theirs = model.model_fields, other.model_fields
+    return [name for name, value in data.items() if value is not None and name in mine and name not in theirs]
 
 
 def one_or_many(value: str | list[str]) -> list[str]:

@@ -1,14 +1,21 @@
-"""Wire models of vLLM's `POST /score` (`/v1/score`) and `POST /pooling`."""
+"""Wire models of vLLM's `POST /score` (`/v1/score`), rerank (`/v1/rerank`, `/v2/rerank`) and `POST /pooling`."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 from typing_extensions import TypedDict
 
 from infinity_server.encoding import EncodingFormat
-from infinity_server.schemas.common import Dimensions, LowerFirstPriority, ModelOptions, PromptTokenLimit, one_or_many
+from infinity_server.schemas.common import (
+    Body,
+    Dimensions,
+    LowerFirstPriority,
+    ModelOptions,
+    PromptTokenLimit,
+    one_or_many,
+)
 from infinity_server.schemas.openai import EmbeddingInput, input_list
 from infinity_server.schemas.responses import FloatMatrix, Vector
 from model_registry import InvalidInput
@@ -45,15 +52,10 @@ class VllmOptions(ModelOptions, PromptTokenLimit):
             raise InvalidInput("padding: max_length is not served: texts run at their own length", param="padding")
 
 
-class ScoreRequest(VllmOptions):
-    """`text_1` and `text_2` each a string or a list: 1 to 1, 1 to N, or N to N pairs (vLLM's rule).
-    `use_activation: false` (or vLLM's older `activation`, `softmax`) answers a cross-encoder's raw
-    logits."""
+class Activation(Body):
+    """`use_activation: false` (or vLLM's older `activation`, `softmax`) asks for a cross-encoder's
+    raw logits instead of its activated scores."""
 
-    model_family = "rerank"
-    text_1: Texts
-    text_2: Texts
-    encoding_format: EncodingFormat = "float"
     use_activation: StrictBool | None = None
     activation: StrictBool | None = None
     softmax: StrictBool | None = None
@@ -62,6 +64,15 @@ class ScoreRequest(VllmOptions):
         """vLLM's rule: `use_activation`, else the older names; unset applies the activation."""
         chosen = next((v for v in (self.use_activation, self.activation, self.softmax) if v is not None), True)
         return not chosen
+
+
+class ScoreRequest(VllmOptions, Activation):
+    """`text_1` and `text_2` each a string or a list: 1 to 1, 1 to N, or N to N pairs (vLLM's rule)."""
+
+    model_family = "rerank"
+    text_1: Texts
+    text_2: Texts
+    encoding_format: EncodingFormat = "float"
 
     def pairs(self) -> list[tuple[str, str]]:
         first, second = one_or_many(self.text_1), one_or_many(self.text_2)
@@ -82,9 +93,12 @@ class ScoreData(TypedDict):
 
 
 class VllmUsage(TypedDict):
+    """vLLM's `UsageInfo` as it writes it: `prompt_tokens_details` is always null for pooling models."""
+
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int
+    prompt_tokens_details: None
 
 
 class ScoreResponse(TypedDict):
@@ -94,6 +108,41 @@ class ScoreResponse(TypedDict):
     model: str
     data: list[ScoreData]
     usage: VllmUsage
+
+
+class VllmRerankRequest(VllmOptions, Activation):
+    """vLLM's rerank body (Jina's shape): `documents` ranked against `query`, best first; `top_n` 0
+    (the default) or less answers every document."""
+
+    model_family = "rerank"
+    query: StrictStr
+    documents: list[StrictStr]
+    top_n: StrictInt = 0
+
+
+class VllmRerankDocument(TypedDict):
+    """vLLM writes both keys; `multi_modal` holds a multimodal document, which is not served here."""
+
+    text: str
+    multi_modal: None
+
+
+class VllmRerankResult(TypedDict):
+    index: int
+    document: VllmRerankDocument
+    relevance_score: float
+
+
+class VllmRerankUsage(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class VllmRerankResponse(TypedDict):
+    id: str
+    model: str
+    usage: VllmRerankUsage
+    results: list[VllmRerankResult]
 
 
 class PoolingRequest(VllmOptions):

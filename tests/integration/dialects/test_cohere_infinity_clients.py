@@ -37,6 +37,25 @@ def test_cohere_embed_and_rerank(dialect_server: LiveServer) -> None:
     assert [r.relevance_score for r in ranked.results] == pytest.approx([r["relevance_score"] for r in expected])
 
 
+def test_cohere_v1_client_ranks_objects_on_rank_fields(dialect_server: LiveServer) -> None:
+    import cohere
+
+    documents = [{"title": f"Item {i}", "text": text} for i, text in enumerate(TEXTS)]
+    with httpx.Client(timeout=60) as http:
+        client = cohere.Client(api_key="unused", base_url=dialect_server.url, httpx_client=http)
+        ranked = client.rerank(
+            model="ce", query="guitar", documents=documents, rank_fields=["title", "text"], return_documents=True
+        )
+    # The text each object is ranked as: one `key: value` line per rank field, in their order.
+    lines = [f"title: {d['title']}\ntext: {d['text']}" for d in documents]
+    expected = post(dialect_server, "/rerank", {"model": "ce", "query": "guitar", "documents": lines})["results"]
+    assert [r.index for r in ranked.results] == [r["index"] for r in expected]
+    assert [r.relevance_score for r in ranked.results] == pytest.approx([r["relevance_score"] for r in expected])
+    for result in ranked.results:
+        assert result.document is not None
+        assert result.document.dict() == documents[result.index]  # the object as sent, every field kept
+
+
 def test_infinity_client_models_sync_and_embeddings(dialect_server: LiveServer) -> None:
     from infinity_client import Client
     from infinity_client.api.default import embeddings, models

@@ -1,5 +1,5 @@
-"""vLLM's /score and /pooling over plain HTTP (vLLM's documented shapes), Infinity's own client,
-and what /models says of models that are not loaded yet."""
+"""vLLM's /score, rerank and /pooling over plain HTTP (vLLM's documented shapes), Infinity's own
+client, and what /models says of models that are not loaded yet."""
 
 from __future__ import annotations
 
@@ -34,6 +34,65 @@ def test_score_one_to_one_one_to_many_and_pairs_with_a_cross_encoder(dialect_ser
     each = [rerank_scores(dialect_server, "ce", q, [t])[0] for q, t in zip(queries, TEXTS, strict=True)]
     assert [d["score"] for d in pairs["data"]] == pytest.approx(each, abs=1e-6)
     assert pairs["usage"]["prompt_tokens"] > 0
+
+
+#: vLLM's answers as its server writes them (`model_dump()` of vllm/entrypoints/pooling/score/protocol.py's
+#: `RerankResponse` and `ScoreResponse`): the keys of each object, null ones included.
+VLLM_RERANK = {"id", "model", "usage", "results"}
+VLLM_RERANK_USAGE = {"prompt_tokens", "total_tokens"}
+VLLM_RERANK_RESULT = {"index", "document", "relevance_score"}
+VLLM_USAGE_INFO = {"prompt_tokens": int, "total_tokens": int, "completion_tokens": int, "prompt_tokens_details": None}
+#: A body that sets one of vLLM's own rerank fields (here its default), so the shared paths answer in vLLM's shape.
+VLLM_FIELD = {"truncate_prompt_tokens": -1}
+
+
+def test_score_usage_is_vllms_usage_info(dialect_server: LiveServer) -> None:
+    usage = post(dialect_server, "/score", {"model": "ce", "text_1": "guitar", "text_2": TEXTS})["usage"]
+    assert set(usage) == set(VLLM_USAGE_INFO)
+    assert usage["prompt_tokens"] == usage["total_tokens"] > 0
+    assert usage["completion_tokens"] == 0
+    assert usage["prompt_tokens_details"] is None
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+def test_rerank_answers_in_vllms_shape(dialect_server: LiveServer, path: str) -> None:
+    answer = post(dialect_server, path, {"model": "ce", "query": "guitar", "documents": TEXTS, **VLLM_FIELD})
+    expected = rerank_scores(dialect_server, "ce", "guitar", TEXTS)
+    assert set(answer) == VLLM_RERANK
+    assert answer["id"].startswith("rerank-")
+    assert answer["model"] == "ce"
+    assert set(answer["usage"]) == VLLM_RERANK_USAGE
+    assert answer["usage"]["prompt_tokens"] == answer["usage"]["total_tokens"] > 0
+    results = answer["results"]
+    assert [set(r) for r in results] == [VLLM_RERANK_RESULT] * 3
+    assert [r["index"] for r in results] == sorted(range(3), key=lambda i: -expected[i])
+    assert [r["document"] for r in results] == [{"text": TEXTS[r["index"]], "multi_modal": None} for r in results]
+    assert [r["relevance_score"] for r in results] == pytest.approx([expected[r["index"]] for r in results], abs=1e-6)
+
+
+def test_vllm_rerank_top_n_activation_and_default_model(dialect_server: LiveServer) -> None:
+    body = {"query": "guitar", "documents": TEXTS, **VLLM_FIELD}  # no model: the configured reranker
+    every = post(dialect_server, "/v1/rerank", body)
+    top = post(dialect_server, "/v1/rerank", {**body, "top_n": 2})
+    zero = post(dialect_server, "/v1/rerank", {**body, "top_n": 0})
+    raw = post(
+        dialect_server, "/v2/rerank", {"model": "ce", "query": "guitar", "documents": TEXTS, "use_activation": False}
+    )
+    assert every["model"] == "ce"
+    assert [r["index"] for r in top["results"]] == [r["index"] for r in every["results"][:2]]
+    assert [r["index"] for r in zero["results"]] == [r["index"] for r in every["results"]]
+    assert set(raw) == VLLM_RERANK
+    logits = {r["index"]: r["relevance_score"] for r in raw["results"]}
+    activated = {r["index"]: r["relevance_score"] for r in every["results"]}
+    for i, logit in logits.items():
+        assert 1 / (1 + np.exp(-logit)) == pytest.approx(activated[i], abs=1e-6)  # one label: a sigmoid
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+def test_a_body_without_vllms_fields_stays_cohere(dialect_server: LiveServer, path: str) -> None:
+    answer = post(dialect_server, path, {"model": "ce", "query": "guitar", "documents": TEXTS, "top_n": 1})
+    assert set(answer) == {"id", "results", "meta"}
+    assert set(answer["results"][0]) <= {"index", "relevance_score", "document"}
 
 
 def test_score_with_an_embedding_model_is_the_cosine(dialect_server: LiveServer) -> None:
@@ -103,6 +162,25 @@ BAD: list[tuple[str, str, dict[str, Any], int]] = [
     ("padded", "/score", {"model": "ce", "text_1": "a", "text_2": "b", "padding": "max_length"}, 400),
     ("float16 bytes", "/pooling", {"model": MINILM, "input": "a", "embed_dtype": "float16"}, 422),
     ("a task not served", "/pooling", {"model": MINILM, "input": "a", "task": "classify"}, 422),
+    (
+        "rerank cut at k tokens",
+        "/v1/rerank",
+        {"model": "ce", "query": "a", "documents": ["b"], "truncate_prompt_tokens": 5},
+        400,
+    ),
+    (
+        "rerank of an object",
+        "/v2/rerank",
+        {"model": "ce", "query": "a", "documents": [{"text": "b"}], **VLLM_FIELD},
+        422,
+    ),
+    ("rerank by a classifier", "/v2/rerank", {"model": "clf", "query": "a", "documents": ["b"], **VLLM_FIELD}, 400),
+    (
+        "rerank without special tokens",
+        "/v1/rerank",
+        {"model": "ce", "query": "a", "documents": ["b"], "add_special_tokens": False},
+        400,
+    ),
 ]
 
 
@@ -114,6 +192,18 @@ def test_bad_vllm_requests_answer_in_the_openai_shape(
         response = client.post(path, json=body)
     assert response.status_code == status, response.text
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+def test_a_body_mixing_vllms_and_cohere_fields_is_a_422_naming_both(dialect_server: LiveServer, path: str) -> None:
+    body = {"model": "ce", "query": "a", "documents": ["b"], "use_activation": False, "return_documents": True}
+    with dialect_server.client() as client:
+        response = client.post(path, json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"] == "use_activation"
+    assert "use_activation" in error["message"]
+    assert "return_documents" in error["message"]
 
 
 def test_infinity_and_vllm_bodies_without_a_model_run_the_configured_default(dialect_server: LiveServer) -> None:
