@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity_server import __version__
-from infinity_server.api import infinity
+from infinity_server.api import infinity, vllm
 from infinity_server.api.common import model_for, parse_body, registry_of
 from infinity_server.api.openai import late_spans
 from infinity_server.encoding import column, dense_vectors, numbers_in, output_limit
@@ -47,6 +47,7 @@ from infinity_server.schemas.tei import (
     TeiTokenizeRequest,
     TeiTokenizeResponse,
 )
+from infinity_server.schemas.vllm import VllmRerankRequest, VllmRerankResponse
 from model_registry import Capability, InvalidInput, Kind, ModelInfo, OutputLimit, Results, Token
 
 
@@ -162,8 +163,9 @@ async def predict(request: Request, body: TeiPredictRequest) -> TeiPredictRespon
     return rows if batch else rows[0]
 
 
-async def rerank(request: Request, body: dict[str, Any]) -> RerankResponse | list[TeiRank]:
-    """TEI's shape (`texts`) or Infinity's (`documents`) on one path; the body tells which."""
+async def rerank(request: Request, body: dict[str, Any]) -> RerankResponse | list[TeiRank] | VllmRerankResponse:
+    """TEI's shape (`texts`), Infinity's (`documents`) or vLLM's (a field only vLLM's rerank has)
+    on one path; the body tells which."""
     if {"texts", "documents"} <= body.keys():
         raise HTTPError(
             422,
@@ -174,6 +176,8 @@ async def rerank(request: Request, body: dict[str, Any]) -> RerankResponse | lis
     if "texts" in body:
         answer_in(request.scope, Shape.TEI)
         return await tei_rerank(request, await parse_body(request, TeiRerankRequest, body))
+    if vllm.rerank_body(body, RerankRequest):
+        return await vllm.rerank(request, await parse_body(request, VllmRerankRequest, body))
     return await infinity.rerank(request, await parse_body(request, RerankRequest, body))
 
 
@@ -365,8 +369,8 @@ operations = [
     post(
         "/rerank",
         rerank,
-        "Rerank (Infinity's or TEI's body)",
-        request=RerankRequest | TeiRerankRequest,
+        "Rerank (Infinity's, TEI's or vLLM's body)",
+        request=RerankRequest | TeiRerankRequest | VllmRerankRequest,
         shapes=(Shape.OPENAI, Shape.TEI),
         batch=True,
         example=_RERANK,

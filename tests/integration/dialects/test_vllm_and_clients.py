@@ -54,7 +54,7 @@ def test_score_usage_is_vllms_usage_info(dialect_server: LiveServer) -> None:
     assert usage["prompt_tokens_details"] is None
 
 
-@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank"])
 def test_rerank_answers_in_vllms_shape(dialect_server: LiveServer, path: str) -> None:
     answer = post(dialect_server, path, {"model": "ce", "query": "guitar", "documents": TEXTS, **VLLM_FIELD})
     expected = rerank_scores(dialect_server, "ce", "guitar", TEXTS)
@@ -194,7 +194,7 @@ def test_bad_vllm_requests_answer_in_the_openai_shape(
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
-@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank"])
 def test_a_body_mixing_vllms_and_cohere_fields_is_a_422_naming_both(dialect_server: LiveServer, path: str) -> None:
     body = {"model": "ce", "query": "a", "documents": ["b"], "use_activation": False, "return_documents": True}
     with dialect_server.client() as client:
