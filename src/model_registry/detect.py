@@ -2,7 +2,8 @@
 
 sentence-transformers layout: `modules.json` lists the modules (Transformer, Pooling, Dense,
 Normalize); `sentence_bert_config.json` holds max_seq_length and do_lower_case;
-`config_sentence_transformers.json` holds prompts and the default prompt name.
+`config_sentence_transformers.json` holds prompts, the default prompt name, `truncate_dim` and the
+similarity function (`similarity_fn_name`).
 Plain transformers directories are recognised by `config.json`'s architectures.
 """
 
@@ -18,7 +19,7 @@ from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
 from model_registry.llm_rerank import RerankPrompt
 from model_registry.native_ports import port_directory
-from model_registry.types import Kind
+from model_registry.types import Kind, Similarity
 
 _DECODER_TYPES = {
     "qwen2",
@@ -82,6 +83,8 @@ class Layout:
     dense_layers: tuple[DenseLayer, ...] = ()
     #: sentence-transformers' `truncate_dim`: vectors are cut to their first components, as saved.
     truncate_dim: int | None = None
+    #: sentence-transformers' `similarity_fn_name`: how a dense embedder's vectors score in a rerank.
+    similarity: Similarity = Similarity.COSINE
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     query_prompt_name: str | None = None
@@ -215,6 +218,23 @@ def _truncate_dim(st_extra: dict[str, Any], kind: Kind) -> int | None:
     return value
 
 
+def _similarity(root: Path, st_extra: dict[str, Any], kind: Kind) -> Similarity:
+    """config_sentence_transformers.json's `similarity_fn_name` for a dense embedder, cosine where
+    it names none, as sentence-transformers defaults. Other kinds score as their kind defines
+    (SPLADE and PyLate save "dot" and "MaxSim" there), so only a dense model's is read."""
+    value = st_extra.get("similarity_fn_name")
+    if kind != Kind.DENSE or value is None:
+        return Similarity.COSINE
+    accepted = tuple(s.value for s in Similarity)
+    if value not in accepted:  # a tuple: the value may be any JSON, a list included
+        raise ModelUnavailable(
+            f"{root / 'config_sentence_transformers.json'} sets similarity_fn_name {value!r}, which a dense "
+            f"embedder cannot score by; accepted: {', '.join(map(repr, accepted))} (sentence-transformers' "
+            "SentenceTransformer functions), or no key for cosine"
+        )
+    return Similarity(value)
+
+
 def _refuse_unserved(root: Path, found: dict[str, Any]) -> None:
     if found.get("unserved"):
         raise ModelUnavailable(
@@ -262,6 +282,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         do_lower_case=found.get("do_lower_case", False),
         dense_layers=tuple(found.get("dense_layers", ())),
         truncate_dim=_truncate_dim(st_extra, kind),
+        similarity=_similarity(root, st_extra, kind),
         prompts=prompts,
         default_prompt_name=spec.default_prompt_name or st_extra.get("default_prompt_name"),
         query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),

@@ -2,8 +2,10 @@
 
 A cross-encoder scores each (query, document) pair itself. A model without one ranks by its
 embeddings: MaxSim over token vectors when it has them (ColBERT, BGE-M3), else the dot product of
-sparse vectors (SPLADE), else the cosine of dense vectors. A model with more than one output
-(BGE-M3) also ranks by a weighted sum of its parts on request: `hybrid_scores`.
+sparse vectors (SPLADE), else its dense vectors by the similarity function its files declare
+(sentence-transformers' `similarity_fn_name`: cosine, dot, euclidean or manhattan; cosine where
+none is declared). A model with more than one output (BGE-M3) also ranks by a weighted sum of its
+parts on request: `hybrid_scores`.
 """
 
 from __future__ import annotations
@@ -21,13 +23,25 @@ from model_registry import validation
 from model_registry.adapters.base import Adapter
 from model_registry.errors import InvalidInput, UnsupportedOperation, not_finite
 from model_registry.runner import Runner
-from model_registry.similarity import cosine, maxsim, sparse_dot
-from model_registry.types import Capability, Embedding, EmbedItem, Kind, Output, PairItem, Result, Results, Score, Text
+from model_registry.similarity import DENSE, maxsim, sparse_dot
+from model_registry.types import (
+    Capability,
+    Embedding,
+    EmbedItem,
+    Kind,
+    Output,
+    PairItem,
+    Result,
+    Results,
+    Score,
+    Similarity,
+    Text,
+)
 
 CROSS_ENCODER = "cross-encoder"
 MAXSIM = "maxsim"
 SPARSE_DOT = "sparse-dot"
-COSINE = "cosine"
+COSINE = Similarity.COSINE.value
 HYBRID = "hybrid"
 
 #: BGE-M3's authors' weights for dense, sparse and multi-vector scores (its model card's
@@ -63,14 +77,15 @@ class Ranking:
     tokens: int
 
 
-def rerank_method(capabilities: frozenset[Capability], name: str) -> str:
-    """How a model with these capabilities ranks documents; `UnsupportedOperation` if it cannot."""
+def rerank_method(capabilities: frozenset[Capability], name: str, similarity: Similarity = Similarity.COSINE) -> str:
+    """How a model with these capabilities ranks documents, its dense vectors by `similarity`
+    (whose value names the method); `UnsupportedOperation` if it cannot."""
     if Capability.RERANK in capabilities:
         return CROSS_ENCODER
     if Capability.MULTIVECTOR in capabilities:
         return MAXSIM
     if Capability.EMBED_TEXT in capabilities:
-        return COSINE
+        return similarity.value
     if Capability.SPARSE in capabilities:
         return SPARSE_DOT
     have = ", ".join(sorted(c.value for c in capabilities)) or "none"
@@ -141,7 +156,7 @@ def _embedding_scores(method: str, query: Result, documents: Sequence[Result], *
         return [sparse_dot(query.sparse, d.sparse) for d in docs if d.sparse is not None]
     assert query.dense is not None
     matrix = np.stack([d.dense for d in docs if d.dense is not None])
-    return [float(s) for s in cosine(query.dense, matrix)]
+    return [float(s) for s in DENSE[Similarity(method)](query.dense, matrix)]
 
 
 def ranking(
@@ -249,13 +264,16 @@ async def rerank(
     instruction: str | None = None,
     weights: Mapping[str, float | None] | None = None,
     return_parts: bool = False,
+    similarity: Similarity | None = None,
     priority: int | None = None,
     timeout: float | None = None,
 ) -> Ranking:
     """Rank `documents` by relevance to `query`, best first; `Ranking.method` says how.
 
     A cross-encoder applies its activation (sigmoid) unless `raw_scores`; embedding models
-    score by MaxSim, sparse dot product or cosine, which have no activation to skip.
+    score by MaxSim, sparse dot product or a dense model's similarity function, which have no
+    activation to skip. `similarity` replaces the one the dense model declares (vLLM's rerank
+    defines cosine whatever the model).
     `max_tokens_per_doc` scores only each document's first tokens (results keep the whole text);
     `truncation_direction` "left" cuts an over-long document at its start (the query stays whole).
     `instruction` replaces an LLM reranker's default instruction for this request.
@@ -265,7 +283,7 @@ async def rerank(
     spec, limits = registry.spec(model), registry.config
     docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars, top_n)
     adapter = await registry.adapter(model)
-    method = rerank_method(adapter.capabilities, model)
+    method = rerank_method(adapter.capabilities, model, adapter.similarity if similarity is None else similarity)
     validation.check_instruction(adapter, model, instruction)
     hybrid = None
     if weights is not None or return_parts:

@@ -1,5 +1,10 @@
 """Score text pairs on top of `Runner.run`: a cross-encoder reads each pair; an embedding model
-embeds each distinct text once and scores the pair by its rerank method (cosine, MaxSim, sparse dot).
+embeds each distinct text once and scores the pair by cosine, or by MaxSim or the sparse dot
+product for models with those outputs.
+
+A dense model's pairs score by cosine even where its files declare another similarity function
+(rerank uses that one): the routes this serves, TEI's `/similarity` and vLLM's `/score`, define
+cosine whatever the model.
 """
 
 from __future__ import annotations

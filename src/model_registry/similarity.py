@@ -1,11 +1,18 @@
-"""Relevance scores between embeddings, shared by every rerank path that has no cross-encoder."""
+"""Relevance scores between embeddings, shared by every rerank path that has no cross-encoder.
+
+The dense scores are sentence-transformers' similarity functions (`cos_sim`, `dot_score`,
+`euclidean_sim`, `manhattan_sim`): the distances are negated, so that higher is always closer.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
 
-from model_registry.types import SparseVector
+from model_registry.types import Similarity, SparseVector
 
 Array = npt.NDArray[np.float32]
 
@@ -16,6 +23,30 @@ def cosine(query: Array, documents: Array) -> Array:
     norms = np.maximum(np.linalg.norm(documents, axis=1), 1e-12)
     scores: Array = (documents @ q) / norms
     return scores.astype(np.float32)
+
+
+def dot(query: Array, documents: Array) -> Array:
+    """Dot product of one query vector (d,) with each document row (n, d)."""
+    scores: Array = documents @ query
+    return scores.astype(np.float32)
+
+
+def euclidean(query: Array, documents: Array) -> Array:
+    """Negated Euclidean distance of one query vector (d,) to each document row (n, d)."""
+    scores: Array = -np.linalg.norm(documents - query, axis=1)
+    return scores.astype(np.float32)
+
+
+def manhattan(query: Array, documents: Array) -> Array:
+    """Negated Manhattan (L1) distance of one query vector (d,) to each document row (n, d)."""
+    scores: Array = -np.abs(documents - query).sum(axis=1)
+    return scores.astype(np.float32)
+
+
+#: Each dense similarity's function: (query (d,), documents (n, d)) -> scores (n,).
+DENSE: Mapping[Similarity, Callable[[Array, Array], Array]] = MappingProxyType(
+    {Similarity.COSINE: cosine, Similarity.DOT: dot, Similarity.EUCLIDEAN: euclidean, Similarity.MANHATTAN: manhattan}
+)
 
 
 def maxsim(query: Array, document: Array) -> float:

@@ -54,6 +54,16 @@ class Output(str, enum.Enum):
     MULTIVECTOR = "multivector"
 
 
+class Similarity(str, enum.Enum):
+    """How a dense embedder's vectors score against each other when it reranks: the
+    `similarity_fn_name` of its sentence-transformers files, cosine where they name none."""
+
+    COSINE = "cosine"
+    DOT = "dot"
+    EUCLIDEAN = "euclidean"
+    MANHATTAN = "manhattan"
+
+
 class Modality(str, enum.Enum):
     TEXT = "text"
     IMAGE = "image"

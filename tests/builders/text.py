@@ -97,8 +97,11 @@ def st_layout(
     dense: tuple[int, str] | None = None,
     prompts: dict[str, str] | None = None,
     include_prompt: bool = True,
+    similarity: str | None = None,
+    truncate_dim: int | None = None,
 ) -> None:
-    """Write the sentence-transformers module files around a saved transformer in `root`."""
+    """Write the sentence-transformers module files around a saved transformer in `root`;
+    `similarity` and `truncate_dim` go to config_sentence_transformers.json when given."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -135,6 +138,10 @@ def st_layout(
     write_json(root / "modules.json", modules)
     write_json(root / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
     extra: dict[str, Any] = {"prompts": prompts or {}, "default_prompt_name": None}
+    if similarity is not None:
+        extra["similarity_fn_name"] = similarity
+    if truncate_dim is not None:
+        extra["truncate_dim"] = truncate_dim
     write_json(root / "config_sentence_transformers.json", extra)
 
 
@@ -166,6 +173,8 @@ def tiny_bert(
     prompts: dict[str, str] | None = None,
     include_prompt: bool = True,
     max_seq_length: int = 64,
+    similarity: str | None = None,
+    truncate_dim: int | None = None,
     seed: int = 0,
 ) -> Path:
     """A 2-layer BERT (hidden 32) in the sentence-transformers layout."""
@@ -179,6 +188,8 @@ def tiny_bert(
         dense=dense,
         prompts=prompts,
         include_prompt=include_prompt,
+        similarity=similarity,
+        truncate_dim=truncate_dim,
     )
     return root
 

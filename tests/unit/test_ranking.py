@@ -8,8 +8,8 @@ import pytest
 from model_registry.classify import classification
 from model_registry.errors import BatchFailed, InvalidInput, UnsupportedOperation
 from model_registry.ranking import COSINE, check_rerank_input, embedding_scores, ranking, rerank_method
-from model_registry.similarity import sparse_dot
-from model_registry.types import Capability, Embedding, Labels, SparseVector
+from model_registry.similarity import DENSE, sparse_dot
+from model_registry.types import Capability, Embedding, Labels, Similarity, SparseVector
 
 
 def test_method_follows_capabilities() -> None:
@@ -18,6 +18,9 @@ def test_method_follows_capabilities() -> None:
     assert rerank_method(both, "m") == "maxsim"
     assert rerank_method(frozenset({Capability.EMBED_TEXT}), "m") == "cosine"
     assert rerank_method(frozenset({Capability.SPARSE}), "m") == "sparse-dot"
+    for similarity in Similarity:  # a dense model's method is its similarity function
+        assert rerank_method(frozenset({Capability.EMBED_TEXT}), "m", similarity) == similarity.value
+    assert rerank_method(both, "m", Similarity.DOT) == "maxsim"  # BGE-M3 keeps its own scores
     with pytest.raises(UnsupportedOperation, match="classify"):
         rerank_method(frozenset({Capability.CLASSIFY}), "m")
 
@@ -67,3 +70,21 @@ def test_embedding_scores_of_nan_or_infinity_are_an_error_naming_the_document() 
     with pytest.raises(BatchFailed, match="score document 1 as NaN or infinity"):
         embedding_scores(COSINE, query, documents, mean_maxsim=False)
     assert embedding_scores(COSINE, query, documents[:1], mean_maxsim=False) == [0.0]
+
+
+@pytest.mark.parametrize("similarity", list(Similarity))
+def test_dense_scores_are_sentence_transformers_similarity_functions(similarity: Similarity) -> None:
+    """Each function against sentence-transformers' own, on vectors of unequal norms (where a dot
+    product is not a cosine), as the ranking calls it: one query against the documents."""
+    from sentence_transformers.util import SimilarityFunction
+
+    rng = np.random.default_rng(0)
+    query = (rng.normal(size=24) * 3).astype(np.float32)
+    documents = (rng.normal(size=(7, 24)) * rng.uniform(0.2, 5.0, size=(7, 1))).astype(np.float32)
+    expected = SimilarityFunction.to_similarity_fn(similarity.value)(query, documents).numpy()[0]
+    np.testing.assert_allclose(DENSE[similarity](query, documents), expected, rtol=1e-5, atol=1e-5)
+    query_result = Embedding(dense=query)
+    scores = embedding_scores(
+        similarity.value, query_result, [Embedding(dense=d) for d in documents], mean_maxsim=False
+    )
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)

@@ -1,10 +1,11 @@
 """vLLM's pooling dialect: score (at two paths), rerank and pooling.
 
 Score scores (text_1, text_2) pairs with a cross-encoder, or with an embedding model by the
-cosine of the two texts' vectors (MaxSim for multi-vector models), as vLLM does. Rerank ranks
-documents the same way in vLLM's (Jina's) shape; its paths are Cohere's too, and `rerank_body`
-tells the two bodies apart (the routes are declared in the Cohere module). Pooling answers a
-model's token vectors when it has them (ColBERT, BGE-M3, ColPali), else its vector.
+cosine of the two texts' vectors (MaxSim for multi-vector models), as vLLM does, whatever
+similarity function the model declares. Rerank ranks documents the same way in vLLM's (Jina's)
+shape; its paths are Cohere's too, and `rerank_body` tells the two bodies apart (the routes are
+declared in the Cohere module). Pooling answers a model's token vectors when it has them
+(ColBERT, BGE-M3, ColPali), else its vector.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from infinity_server.schemas.vllm import (
     VllmRerankResult,
     VllmUsage,
 )
-from model_registry import Capability, InvalidInput, Output, UnsupportedOperation
+from model_registry import Capability, InvalidInput, Output, Similarity, UnsupportedOperation
 
 
 def _usage(tokens: int) -> VllmUsage:
@@ -105,6 +106,7 @@ async def rerank(request: Request, body: VllmRerankRequest) -> VllmRerankRespons
         raw_scores=body.raw_scores(),
         truncate=truncate,
         truncation_direction=direction,
+        similarity=Similarity.COSINE,  # vLLM's rerank scores embeddings by cosine, whatever the model declares
         priority=body.priority,
     )
     results: list[VllmRerankResult] = [

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from model_registry.types import Capability, Item, Kind, Prepared, Result
+from model_registry.types import Capability, Item, Kind, Prepared, Result, Similarity
 
 if TYPE_CHECKING:
     from model_registry.adapters.text import TextTokenizer
@@ -66,6 +66,8 @@ class Adapter(abc.ABC):
     max_length: int | None = None
     #: Width of the dense output, when there is one.
     dimensions: int | None = None
+    #: How a rerank scores the dense output: the model's declared similarity function.
+    similarity: Similarity = Similarity.COSINE
     #: Named prompts (e.g. "query") and the one used when a request names none.
     prompts: Mapping[str, str] = {}
     default_prompt_name: str | None = None

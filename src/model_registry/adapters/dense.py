@@ -312,6 +312,7 @@ class DenseAdapter(TextEncoder):
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         super().__init__(layout, trust_remote_code)
         self.head: list[torch.nn.Module] = []
+        self.similarity = layout.similarity
 
     def load(self, options: LoadOptions) -> None:
         self.load_model(options)
@@ -390,4 +391,5 @@ class DenseAdapter(TextEncoder):
             "normalize": self.layout.normalize,
             "prompts": sorted(self.layout.prompts),
             "default_prompt_name": self.layout.default_prompt_name,
+            "similarity_fn_name": self.similarity.value,
         }

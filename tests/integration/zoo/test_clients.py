@@ -1,7 +1,9 @@
-"""Classification, the Cohere rerank shape and the official clients against the zoo models."""
+"""Classification, the Cohere rerank shape, dense reranking by the model's declared similarity
+function and the official clients against the zoo models."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,24 @@ from tests.builders.zoo import tiny_bge_m3, tiny_cross_encoder
 pytestmark = pytest.mark.integration
 
 TEXTS = ["A man is playing a guitar.", "The stock market fell sharply on Monday.", "hello world"]
+QUERY = "A man is playing a guitar."
+DOCUMENTS = [
+    "A man plays the guitar on the stage.",
+    "Stocks fell.",
+    "A dog runs in the snow.",
+    "hello world, this is a test of the tokenizer!",
+    "The cat sleeps on the warm windowsill.",
+    "What is the capital of France?",
+]
+#: Dense models without a Normalize module (so a dot product is not a cosine): the
+#: `similarity_fn_name` each declares (None: no key, which means cosine) and its `truncate_dim`.
+DECLARED: dict[str, tuple[str | None, int | None]] = {
+    "st-dot": ("dot", None),
+    "st-euclidean": ("euclidean", None),
+    "st-manhattan": ("manhattan", None),
+    "st-absent": (None, None),
+    "st-dot-8": ("dot", 8),  # scored on the vectors as served: their first 8 components
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +46,10 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "clf": tiny_cross_encoder(root / "clf", labels=3, seed=1),
         "m3": tiny_bge_m3(root / "m3"),
         "dense": tiny_bert(root / "dense"),
+        **{
+            name: tiny_bert(root / name, normalize=False, similarity=fn, truncate_dim=dim)
+            for name, (fn, dim) in DECLARED.items()
+        },
     }
 
 
@@ -106,6 +130,65 @@ def test_rerank_with_a_dense_model_uses_cosine(server: Any) -> None:
     expected = matrix[1:] @ matrix[0]
     for result in ranked["results"]:
         assert result["relevance_score"] == pytest.approx(float(expected[result["index"]]), abs=1e-5)
+
+
+def reference(directory: Path, cosine: bool = False) -> tuple[str, np.ndarray]:
+    """sentence-transformers' own scores of DOCUMENTS against QUERY on the model's files (cosine
+    whatever the model declares, with `cosine`), and the function it used."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import cos_sim
+
+    model = SentenceTransformer(str(directory), device="cpu")
+    query, documents = model.encode([QUERY]), model.encode(DOCUMENTS)
+    scores = (cos_sim if cosine else model.similarity)(query, documents)
+    return ("cosine" if cosine else model.similarity_fn_name), scores.numpy()[0]
+
+
+def by_index(results: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """The order of the results and each document's score, in the documents' order."""
+    scores = {r["index"]: r[key] for r in results}
+    return [r["index"] for r in results], [scores[i] for i in range(len(DOCUMENTS))]
+
+
+@pytest.mark.parametrize("name", DECLARED)
+def test_dense_rerank_scores_by_the_models_declared_similarity(server: Any, zoo: dict[str, Path], name: str) -> None:
+    fn, expected = reference(zoo[name])
+    assert fn == (DECLARED[name][0] or "cosine")  # the library read the files as the server does
+    if fn != "cosine":  # these vectors' cosines are other scores: the test tells the two apart
+        assert np.abs(expected - reference(zoo[name], cosine=True)[1]).max() > 0.1
+    body = {"model": name, "query": QUERY}
+    with server.client() as client:
+        infinity = client.post("/rerank", json={**body, "documents": DOCUMENTS}).json()
+        cohere = client.post("/v2/rerank", json={**body, "documents": DOCUMENTS}).json()
+        tei = client.post("/rerank", json={**body, "texts": DOCUMENTS}).json()
+        details = client.get(f"/v1/models/{name}").json()["details"]
+    for results, key in (
+        (infinity["results"], "relevance_score"),
+        (cohere["results"], "relevance_score"),
+        (tei, "score"),
+    ):
+        order, got = by_index(results, key)
+        np.testing.assert_allclose(got, expected, atol=1e-4)
+        # best first by the library's scores (two within the tolerance may come either way)
+        assert all(expected[a] >= expected[b] - 1e-4 for a, b in pairwise(order))
+    assert infinity["meta"]["scoring_method"] == cohere["meta"]["scoring_method"] == fn
+    assert details["similarity_fn_name"] == fn
+
+
+def test_routes_that_define_cosine_keep_it_whatever_the_model_declares(server: Any, zoo: dict[str, Path]) -> None:
+    """TEI's /similarity, vLLM's /score and vLLM's rerank score embeddings by cosine in those projects."""
+    _, expected = reference(zoo["st-dot"], cosine=True)
+    with server.client() as client:
+        similarity = client.post(
+            "/similarity", json={"model": "st-dot", "inputs": {"source_sentence": QUERY, "sentences": DOCUMENTS}}
+        ).json()
+        score = client.post("/v1/score", json={"model": "st-dot", "text_1": QUERY, "text_2": DOCUMENTS}).json()
+        vllm = client.post(
+            "/v1/rerank", json={"model": "st-dot", "query": QUERY, "documents": DOCUMENTS, "use_activation": True}
+        ).json()
+    np.testing.assert_allclose(similarity, expected, atol=1e-4)
+    np.testing.assert_allclose([d["score"] for d in score["data"]], expected, atol=1e-4)
+    np.testing.assert_allclose(by_index(vllm["results"], "relevance_score")[1], expected, atol=1e-4)
 
 
 def test_openai_client_embeds_with_a_multi_output_model(server: Any) -> None:

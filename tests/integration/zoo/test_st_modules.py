@@ -111,6 +111,21 @@ def test_a_pipeline_served_otherwise_is_refused_naming_the_module(bert: Path, tm
     assert named in str(refused.value)
 
 
+@pytest.mark.parametrize("value", ["maxsim", "Dot", ["cosine"]])
+def test_an_unknown_similarity_function_is_refused_at_load(bert: Path, tmp_path: Path, value: object) -> None:
+    """sentence-transformers would score such a model by cosine without a word; the server refuses
+    it, naming the file, the value and the functions it scores by."""
+    root = saved(bert, tmp_path / "m", lambda m: m.Pooling(HIDDEN, pooling_mode="mean"))
+    settings = root / "config_sentence_transformers.json"
+    settings.write_text(json.dumps(json.loads(settings.read_text()) | {"similarity_fn_name": value}))
+    with pytest.raises(ModelUnavailable) as refused:
+        served(root)
+    message = str(refused.value)
+    assert str(settings) in message
+    assert f"similarity_fn_name {value!r}" in message
+    assert "'cosine', 'dot', 'euclidean', 'manhattan'" in message
+
+
 def test_a_static_embedding_model_is_refused_naming_the_module(tmp_path: Path) -> None:
     import sentence_transformers.sentence_transformer.modules as library
     from sentence_transformers import SentenceTransformer
