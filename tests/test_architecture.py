@@ -25,7 +25,7 @@ ENGINE_LAYERS: tuple[frozenset[str], ...] = tuple(
         "__init__ sync",  # the public faces
         "registry",  # runs requests: lease, admission, prepare, queue
         "embedding ranking scoring classify media_rerank tokens",  # the tasks, over `Runner.run`
-        "runner validation long_inputs lifecycle result_cache",
+        "runner validation long_inputs lifecycle result_cache cache_keys",
         "assembly handles",  # a loaded model's parts
         "memory warmup worker",
         "batching admission timing heap",

@@ -9,6 +9,7 @@ model whose identity is the same finds them.
 
 Identical items inside one request are computed once; an item another request is computing is
 waited for, not computed again (if that request fails or is cancelled, the waiter computes it).
+Every caller is given arrays of its own, whichever way its answer was found.
 Each `run` records how many of its distinct items were found and how many computed, read at the
 edge with `recording()` (the `X-Cache` header and the hit ratio in `/metrics`).
 """
@@ -16,17 +17,18 @@ edge with `recording()` (the `X-Cache` header and the hit ratio in `/metrics`).
 from __future__ import annotations
 
 import asyncio
-import enum
-import hashlib
 import io
 import json
 import logging
 import os
+import sys
+import tempfile
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -35,22 +37,17 @@ from typing import Any
 import numpy as np
 
 from model_registry.adapters.base import Adapter
-from model_registry.backends.cache import artifact_key, model_files
+from model_registry.cache_keys import item_key, model_identity
 from model_registry.config import CacheSpec, ModelSpec, parse_budget
-from model_registry.errors import ModelUnavailable
-from model_registry.sources import resolve_source
 from model_registry.types import Embedding, Item, Labels, Result, Results, Score, SparseVector
 
 log = logging.getLogger(__name__)
 
-#: Model settings that change nothing a result holds (scheduling, memory, naming).
-_OPERATIONAL = frozenset({"name", "pin", "keep_alive", "max_queued_items", "max_batch_tokens", "cache", "truncate"})
-#: Fields of an item that do not change its result (where a media input was fetched from).
-_NOT_RESULT = frozenset({("Media", "source")})
-#: Files above this size that are not weights are keyed by name and size, not by contents.
-_SMALL_FILE = 64 << 20
-#: What an entry costs beyond its arrays (its key, records, the LRU's links).
-_OVERHEAD = 256
+#: What an entry costs beyond its result: the `Entry` and its size (88 bytes), its 64-character key
+#: (113) and its place in the LRU (a node and up to six hash-table slots after a resize: up to 200).
+_OVERHEAD = 416
+#: A staging file untouched this long (seconds) belongs to no write still running.
+_STALE_STAGING = 60.0
 
 Compute = Callable[[list[Item]], Awaitable[Results]]
 
@@ -87,66 +84,6 @@ def outcome(lookups: Sequence[Lookup]) -> str | None:
     return "partial" if hits and misses else "hit" if hits else "miss"
 
 
-# ---- keys ----------------------------------------------------------------------------------------
-
-
-def model_identity(spec: ModelSpec, adapter: Adapter) -> str:
-    """Hash of the model's files (as the engine artifacts' keys hash them, plus every other small
-    file: tokenizer, heads, pooling) and the settings that change its results."""
-    settings = spec.model_dump(mode="json", exclude=set(_OPERATIONAL))
-    settings["engine"] = adapter.backend
-    settings["loaded_dtype"] = str(spec.dtype if adapter.dtype is None else adapter.dtype)
-    settings["loaded_device"] = adapter.device or spec.device
-    try:
-        directory = resolve_source(spec.source, revision=spec.revision)
-    except ModelUnavailable:  # a model without files (the fake one): its settings are all it is
-        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-    del settings["source"], settings["revision"]  # the files say what the model is, wherever they are
-    digest = hashlib.sha256(artifact_key(directory, {}, settings).encode())
-    weights = set(model_files(directory))
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p not in weights):
-        relative = path.relative_to(directory)
-        if relative.parts[0].startswith("."):
-            continue
-        size = path.stat().st_size
-        digest.update(f"{relative}:{size}".encode())
-        if size <= _SMALL_FILE:
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
-def item_key(identity: str, item: Item) -> str:
-    digest = hashlib.sha256(identity.encode())
-    _feed(digest, item)
-    return digest.hexdigest()
-
-
-def _feed(digest: Any, value: object) -> None:
-    """Every field of `value`, each with its type and length, so that no two items collide."""
-    if is_dataclass(value) and not isinstance(value, type):
-        name = type(value).__name__
-        digest.update(f"<{name}>".encode())
-        for field in fields(value):
-            if (name, field.name) not in _NOT_RESULT:
-                _feed(digest, getattr(value, field.name))
-    elif isinstance(value, bytes | str):
-        data = value.encode() if isinstance(value, str) else value
-        digest.update(f"{type(value).__name__}{len(data)}:".encode())
-        digest.update(data)
-    elif isinstance(value, frozenset | set):
-        digest.update(f"set{len(value)}:".encode())
-        for member in sorted(value, key=repr):
-            _feed(digest, member)
-    elif isinstance(value, tuple | list):
-        digest.update(f"seq{len(value)}:".encode())
-        for member in value:
-            _feed(digest, member)
-    elif value is None or isinstance(value, bool | int | float | enum.Enum):
-        digest.update(f"{value!r};".encode())
-    else:
-        raise TypeError(f"This is a bug: an item holds a {type(value).__name__}, which the cache cannot key")
-
-
 # ---- entries ---------------------------------------------------------------------------------
 
 
@@ -157,31 +94,34 @@ class Entry:
     size: int
 
 
-def _arrays(result: Result) -> list[np.ndarray]:
-    if isinstance(result, Embedding):
-        sparse = (result.sparse.indices, result.sparse.values) if result.sparse is not None else (None, None)
-        return [a for a in (result.dense, result.multivector, *sparse) if isinstance(a, np.ndarray)]
-    return [result.logits] if isinstance(result, Labels) else []
-
-
 def entry(result: Result, tokens: int) -> Entry:
-    """A private copy of `result`: what a caller does to its own arrays never reaches the cache."""
-    copied: Result = result
+    """A private copy of `result`, charged what it holds in memory."""
+    copied = copied_result(result)
+    return Entry(copied, tokens, _footprint(copied) + sys.getsizeof(tokens) + _OVERHEAD)
+
+
+def copied_result(result: Result) -> Result:
+    """`result` with arrays of its own: what a caller does to them never reaches the cache."""
     if isinstance(result, Embedding):
         sparse = result.sparse
-        copied = Embedding(
+        return Embedding(
             None if result.dense is None else result.dense.copy(),
             None if sparse is None else SparseVector(sparse.indices.copy(), sparse.values.copy(), sparse.tokens),
             None if result.multivector is None else result.multivector.copy(),
         )
-    elif isinstance(result, Labels):
-        copied = Labels(result.logits.copy(), result.names)
-    size = sum(a.nbytes for a in _arrays(copied)) + _OVERHEAD
-    if isinstance(result, Embedding) and result.sparse is not None and result.sparse.tokens:
-        size += sum(len(t) + 50 for t in result.sparse.tokens)
     if isinstance(result, Labels):
-        size += sum(len(n) + 50 for n in result.names)
-    return Entry(copied, tokens, size)
+        return Labels(result.logits.copy(), result.names)
+    return result  # a Score holds no arrays: nothing in it can be changed
+
+
+def _footprint(value: object) -> int:
+    """Bytes `value` holds: itself, its fields and tuples' members, an array's data (it owns it)."""
+    size = sys.getsizeof(value)
+    if isinstance(value, tuple):
+        return size + sum(_footprint(member) for member in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return size + sum(_footprint(getattr(value, field.name)) for field in fields(value))
+    return size
 
 
 class Memory:
@@ -212,14 +152,20 @@ class Memory:
 
 class Disk:
     """Entries as `.npz` files (read without pickle) under `directory`, oldest dropped first when
-    their sizes pass `budget`; shared by every cached model that names the same directory."""
+    their sizes pass `budget`; shared by every cached model that names the same directory.
+
+    Each file is counted at the size it was written (or found) at and uncounted by that size when
+    dropped. A write that fails (a full disk) is logged, and the result is still answered."""
 
     def __init__(self, directory: Path, budget: int) -> None:
         self.directory, self.budget = directory, budget
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._files = sorted(directory.glob("*.npz"), key=lambda p: p.stat().st_mtime)
+        _remove_leftovers(directory)
+        found = sorted(_listing(directory, "*.npz"), key=lambda f: f[1].st_mtime_ns)
+        self._sizes = OrderedDict((path.name, status.st_size) for path, status in found)  # oldest first
         self._lock = threading.Lock()  # puts come from several models' threads
-        self.used = sum(p.stat().st_size for p in self._files)
+        self._failing = False
+        self.used = sum(self._sizes.values())
 
     def get(self, key: str) -> Entry | None:
         path = self.directory / f"{key}.npz"
@@ -237,28 +183,90 @@ class Disk:
             self.put(key, value)
 
     def put(self, key: str, value: Entry) -> None:
-        path = self.directory / f"{key}.npz"
+        """Store `value` unless the store holds `key` already or it is larger than the whole budget."""
+        name = f"{key}.npz"
+        if name in self._sizes and (self.directory / name).exists():  # `_place` decides, under the lock
+            return
         buffer = io.BytesIO()
         np.savez(buffer, allow_pickle=False, **_encode(value))
         data = buffer.getvalue()
-        if len(data) > self.budget or path.exists():
+        if len(data) > self.budget:
             return
-        with self._lock:
-            self._write(path, data)
+        try:
+            staging = self._stage(key, data)
+        except OSError as error:
+            self._failed(error)
+            return
+        try:
+            with self._lock:
+                self._place(name, staging, len(data))
+        except OSError as error:
+            with suppress(OSError):
+                staging.unlink(missing_ok=True)
+            self._failed(error)
+        else:
+            self._failing = False
 
-    def _write(self, path: Path, data: bytes) -> None:
-        staging = path.with_suffix(f".{os.getpid()}.tmp")
-        staging.write_bytes(data)
+    def _stage(self, key: str, data: bytes) -> Path:
+        """`data` in a staging file of this writer's own, beside its place; removed if not whole."""
+        handle, name = tempfile.mkstemp(dir=self.directory, prefix=f"{key}.", suffix=".tmp")
+        staging = Path(name)
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+        return staging
+
+    def _place(self, name: str, staging: Path, size: int) -> None:
+        """Rename `staging` to `name` unless another writer stored it first; then fit the budget."""
+        path = self.directory / name
+        if name in self._sizes and path.exists():
+            staging.unlink()
+            return
+        self.used -= self._sizes.pop(name, 0)  # listed, but removed by another server sharing the directory
         os.replace(staging, path)  # readers see a whole file or none
-        self._files.append(path)
-        self.used += len(data)
-        while self.used > self.budget and self._files:
-            oldest = self._files.pop(0)
+        self._sizes[name] = size
+        self.used += size
+        while self.used > self.budget and self._sizes:
+            oldest, counted = self._sizes.popitem(last=False)
+            self.used -= counted
             try:
-                self.used -= oldest.stat().st_size
-                oldest.unlink()
-            except OSError:
-                continue
+                (self.directory / oldest).unlink(missing_ok=True)
+            except OSError as error:
+                log.warning("the cached result %s could not be removed (%s)", oldest, error.strerror or error)
+
+    def _failed(self, error: OSError) -> None:
+        if not self._failing:  # once per run of failures: a full disk fails every write
+            log.warning(
+                "the result cache cannot write to %s (%s): results are answered and kept in memory, not on "
+                "disk, until it can be written again; free space there, or set `cache.disk_bytes` below its space",
+                self.directory,
+                error.strerror or error,
+            )
+        self._failing = True
+
+
+def _listing(directory: Path, pattern: str) -> list[tuple[Path, os.stat_result]]:
+    """The files matching `pattern` with their status; one removed meanwhile is left out."""
+    found = []
+    for path in directory.glob(pattern):
+        try:
+            found.append((path, path.stat()))
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Remove the staging files of writes that died (a crash), old enough that no running writer
+    (another server sharing the directory) still owns them."""
+    for path, status in _listing(directory, "*.tmp"):
+        if time.time() - status.st_mtime > _STALE_STAGING:
+            log.info("removing %s, left by a cache write that did not finish", path)
+            with suppress(OSError):  # one that cannot be removed costs disk space, not the start
+                path.unlink(missing_ok=True)
 
 
 def _encode(value: Entry) -> dict[str, np.ndarray]:
@@ -343,7 +351,8 @@ class ResultCache:
         record = _lookups.get()
         if record is not None:
             record.append(Lookup(self.model, hits, len(mine)))
-        return Results(tuple(found[k].result for k in keys), sum(found[k].tokens for k in keys))
+        # a copy per position: the entries are the cache's, shared with waiters, and keys repeat
+        return Results(tuple(copied_result(found[k].result) for k in keys), sum(found[k].tokens for k in keys))
 
     async def _found(self, keys: Sequence[str]) -> dict[str, Entry]:
         found = {k: e for k in dict.fromkeys(keys) if (e := self.memory.get(k)) is not None}
@@ -354,7 +363,7 @@ class ResultCache:
             for key, value in read.items():
                 self.memory.put(key, value)
             found |= read
-        return {k: entry(e.result, e.tokens) for k, e in found.items()}
+        return found
 
     async def _compute(self, mine: dict[str, Item], compute: Compute) -> dict[str, Entry]:
         """Compute `mine` (each key once), other requests waiting on them meanwhile."""
@@ -367,7 +376,7 @@ class ResultCache:
             for key, result, tokens in zip(mine, results.items, per_item, strict=True):
                 done[key] = entry(result, tokens)
             await self._store(done)
-            return {k: entry(e.result, e.tokens) for k, e in done.items()}
+            return done
         finally:
             for key, future in futures.items():
                 if self._pending.get(key) is future:

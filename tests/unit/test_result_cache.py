@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+import timeit
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from model_registry import ConfigError, Registry
+from model_registry import ConfigError, Registry, cache_keys
 from model_registry.adapters.fake import FakeAdapter, fake_vector
+from model_registry.cache_keys import item_key, model_identity
 from model_registry.config import ModelSpec
-from model_registry.result_cache import Disk, Entry, Memory, entry, item_key, model_identity, outcome, recording
-from model_registry.types import Embedding, EmbedItem, Labels, Media, Modality, Output, Score, SparseVector, Text
+from model_registry.result_cache import Disk, Entry, Memory, entry, outcome, recording
+from model_registry.types import (
+    Embedding,
+    EmbedItem,
+    Labels,
+    Media,
+    Modality,
+    Output,
+    Score,
+    SparseVector,
+    Text,
+    TokenIds,
+)
 from tests.unit.test_registry import traffic_only
 
 
@@ -73,7 +89,7 @@ def test_the_memory_never_holds_more_than_its_budget_and_drops_the_least_recentl
         memory.put(str(i), vector(i))
         assert memory.used <= 3 * size
     assert len(memory) == 3
-    memory.put("huge", entry(Embedding(dense=np.zeros(4 * 256, dtype=np.float32)), 1))
+    memory.put("huge", entry(Embedding(dense=np.zeros(16 * 256, dtype=np.float32)), 1))
     assert memory.get("huge") is None
     assert memory.used <= 3 * size
 
@@ -204,3 +220,94 @@ async def test_rerank_shares_the_cache_with_embeddings() -> None:
         assert [(x.hits, x.misses) for x in lookups] == [(1, 2), (3, 0)]
         assert sum(adapter.batches) == 3
         assert {r.document: r.score for r in ranked.results} == {r.document: r.score for r in again.results}
+
+
+async def test_every_caller_gets_arrays_of_its_own_a_waiter_and_a_repeated_input_included() -> None:
+    async with Registry.from_config({"models": [cached_fake(delay=0.2)]}) as registry:
+        owner = asyncio.create_task(registry.embed("fake", ["shared text"]))
+        await asyncio.sleep(0.05)  # its forward pass is running: the next request waits on it
+        waiter = asyncio.create_task(registry.embed("fake", ["shared text", "shared text"]))
+        answers = [r.items for r in await asyncio.gather(owner, waiter)]
+        vectors = [item.dense for items in answers for item in items if isinstance(item, Embedding)]
+        assert len(vectors) == 3
+        assert not np.shares_memory(vectors[1], vectors[2])  # the one input twice, as two answers
+        for vector in vectors:
+            assert vector is not None
+            vector[:] = 0  # each caller edits what it was given
+        again = (await registry.embed("fake", ["shared text"])).items[0]
+        assert isinstance(again, Embedding)
+        assert again.dense is not None
+        assert again.dense.tobytes() == fake_vector("shared text", 8).tobytes()
+
+
+def test_token_ids_and_spans_are_keyed_apart() -> None:
+    def key(ids: Any, spans: Any = ()) -> str:
+        return item_key("m", EmbedItem(TokenIds(ids), spans=spans))
+
+    variants = [key((1, 2, 3)), key((1, 2, 3, 0)), key((0, 1, 2, 3)), key((3, 2, 1)), key((1, 2, 3), ((0, 2), (2, 3)))]
+    variants += [key((1, 2, 3), ((0, 2), (2, 2))), key((1, 2, 3), ((0, 2),)), key((2**63,)), key((1.0, 2.0, 3.0))]
+    assert len(set(variants)) == len(variants)
+    assert key([1, 2, 3], [[0, 2], [2, 3]]) == key((1, 2, 3), ((0, 2), (2, 3)))
+    assert key((np.int64(1), 2, 3)) == key((1, 2, 3))
+
+
+def test_a_million_token_ids_are_keyed_without_stalling_the_event_loop() -> None:
+    long = EmbedItem(TokenIds(tuple(range(1_000_000))))
+    # keys are hashed on the event loop: fed one Python call per id, this took about 2 s
+    assert min(timeit.repeat(lambda: item_key("m", long), number=1, repeat=3)) < 0.25
+
+
+def weighted_model(root: Path) -> Path:
+    """A sentence-transformers layout whose weights lie in subfolders, as detect.py serves it."""
+    for name, size in [("config.json", 8), ("0_Transformer/model.safetensors", 64), ("onnx/model.onnx.data", 64)]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(bytes(size))
+    return root
+
+
+def identity_of(root: Path) -> str:
+    spec = ModelSpec.model_validate({"name": "m", "source": str(root), "backend": "torch"})
+    return model_identity(spec, FakeAdapter({}))
+
+
+@pytest.mark.parametrize("weights", ["0_Transformer/model.safetensors", "onnx/model.onnx.data"])
+def test_the_identity_hashes_every_weight_file_at_any_depth_whatever_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weights: str
+) -> None:
+    monkeypatch.setattr(cache_keys, "_SMALL_FILE", 16)  # every file here is "large"
+    root = weighted_model(tmp_path)
+    before = identity_of(root)
+    (root / "notes.txt").write_bytes(b"a" * 64)
+    with_notes = identity_of(root)
+    (root / "notes.txt").write_bytes(b"b" * 64)
+    assert identity_of(root) == with_notes  # a large file that is not weights: by name and size
+    (root / weights).write_bytes(b"\x01" * 64)  # retrained weights of the same size
+    assert len({before, with_notes, identity_of(root)}) == 3
+
+
+def test_a_reload_reads_no_weights_again_but_a_file_rewritten_in_place_is_read_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read: list[str] = []
+    real_read = cache_keys._read_digest
+
+    def counted(path: Path) -> bytes:
+        read.append(path.name)
+        return real_read(path)
+
+    monkeypatch.setattr(cache_keys, "_digests", OrderedDict())
+    monkeypatch.setattr(cache_keys, "_read_digest", counted)
+    root = weighted_model(tmp_path)
+    first = identity_of(root)
+    assert identity_of(root) == first
+    assert sorted(read) == ["config.json", "model.onnx.data", "model.safetensors"]
+    weights = root / "0_Transformer" / "model.safetensors"
+    status = weights.stat()
+    time.sleep(0.02)  # past the file system's clock tick, so that the rewrite has a ctime of its own
+    weights.write_bytes(b"\x01" * 64)
+    os.utime(weights, ns=(status.st_atime_ns, status.st_mtime_ns))  # as `cp -p` leaves it
+    assert identity_of(root) != first
+    monkeypatch.setattr(cache_keys, "_DIGESTS_HELD", 2)
+    cache_keys._digests.clear()
+    identity_of(root)  # three files read, two remembered: the memo is bounded
+    assert len(cache_keys._digests) == 2
