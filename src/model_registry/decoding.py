@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -164,7 +165,10 @@ def _orientation(image: Image) -> int:
         value = image.getexif().get(0x0112, 1)  # ExifTags.Base.Orientation
     except (OSError, ValueError, SyntaxError, EOFError, KeyError, TypeError):
         return 1
-    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+    if not isinstance(value, numbers.Real):  # a SHORT as cameras write it, or a RATIONAL 6/1 or DOUBLE 6.0
+        return 1
+    number = float(value)
+    return int(number) if number.is_integer() and 1 <= number <= 8 else 1
 
 
 def _turned(image: Image, orientation: int) -> Image:

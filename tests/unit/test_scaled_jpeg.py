@@ -5,6 +5,7 @@ own processor."""
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,31 @@ def test_exif_orientation_is_applied_as_transformers_load_image_does(
     want = reference_image(data, tmp_path)
     assert got.size == want.size
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def exif_orientation_as(kind: int, payload: bytes) -> bytes:
+    """An EXIF block whose one entry is the orientation stored as TIFF type `kind` (8 bytes of it)."""
+    data_offset = 8 + 2 + 12 + 4  # header, entry count, the entry, the next IFD's offset
+    entry = struct.pack("<HHII", 0x0112, kind, 1, data_offset)
+    return b"Exif\x00\x00II*\x00" + struct.pack("<IH", 8, 1) + entry + struct.pack("<I", 0) + payload
+
+
+@pytest.mark.parametrize(
+    "block",
+    [exif_orientation_as(5, struct.pack("<II", 6, 1)), exif_orientation_as(12, struct.pack("<d", 6.0))],
+    ids=["rational 6/1", "double 6.0"],
+)
+def test_an_orientation_written_as_another_number_type_is_applied_too(
+    data_dir: Path, tmp_path: Path, block: bytes
+) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.open(data_dir / PHOTO).convert("RGB").resize((64, 48)).save(buffer, format="JPEG", exif=block)
+    data = buffer.getvalue()
+    want = reference_image(data, tmp_path)
+    assert want.size == (48, 64)  # the reference turns it
+    np.testing.assert_array_equal(np.asarray(decode_image(data, 0, MediaLimits())), np.asarray(want))
 
 
 def test_a_turned_jpeg_is_reduced_by_its_shown_shape(data_dir: Path, tmp_path: Path) -> None:

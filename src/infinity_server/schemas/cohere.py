@@ -13,6 +13,9 @@ from infinity_server.schemas.infinity import RerankWeights
 from infinity_server.schemas.responses import Vector
 from model_registry import InvalidInput
 
+#: The most characters of a client's field names an error quotes.
+_SHOWN = 64
+
 
 class CohereRerankRequest(ModelOptions):
     """Cohere v2's rerank body (and v1's core): `documents` are strings, as in Cohere's v2 API
@@ -69,7 +72,7 @@ class CohereV1RerankRequest(CohereRerankRequest):
         fields = self.rank_fields or ["text"]
         if len(set(fields)) < len(fields):
             repeated = next(name for name, count in Counter(fields).items() if count > 1)
-            raise InvalidInput(f"rank_fields names '{repeated}' twice; name each field once", param="rank_fields")
+            raise InvalidInput(f"rank_fields names {_shown(repeated)} twice; name each field once", param="rank_fields")
         return [ranked_text(document, i, fields) for i, document in enumerate(self.documents)]
 
 
@@ -96,15 +99,21 @@ def ranked_text(document: Any, index: int, fields: list[str]) -> str:
 
 def _field(document: dict[str, Any], index: int, name: str, fields: list[str]) -> str:
     if name not in document:
-        hint = "name the fields to rank on in rank_fields" if fields == ["text"] else f"rank_fields is {fields}"
-        raise InvalidInput(f"document {index} has no field '{name}'; {hint}", param="documents")
+        hint = "name the fields to rank on in rank_fields" if fields == ["text"] else f"rank_fields is {_shown(fields)}"
+        raise InvalidInput(f"document {index} has no field {_shown(name)}; {hint}", param="documents")
     value = document[name]
     if not isinstance(value, str):
         raise InvalidInput(
-            f"document {index}'s field '{name}' is {_json_type(value)}; ranked fields must be strings",
+            f"document {index}'s field {_shown(name)} is {_json_type(value)}; ranked fields must be strings",
             param="documents",
         )
     return value
+
+
+def _shown(value: str | list[str]) -> str:
+    """A client's field name (or list of them) as a message quotes it, cut to `_SHOWN` characters."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text):,} characters)"
 
 
 def _json_type(value: Any) -> str:

@@ -115,3 +115,14 @@ def test_a_bad_document_or_field_is_refused_naming_it(
     assert error["param"] == param
     for part in named:
         assert part in error["message"]
+
+
+def test_a_long_field_name_is_quoted_cut_short(dialect_server: LiveServer) -> None:
+    name = "k" * 100_000
+    body = {"model": "ce", "query": QUERY, "documents": BOOKS, "rank_fields": [name]}
+    with dialect_server.client() as client:
+        response = client.post("/v1/rerank", json=body)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith("document 0 has no field 'kkkk")
+    assert len(message) < 400
