@@ -29,49 +29,67 @@ _ROLE = re.compile(r"""["'](query|document)["']""")
 
 @dataclass(frozen=True)
 class RerankPrompt:
-    """Where the prompt comes from (`origin`), the template (None: the tokenizer's chat template
-    with query/document roles), the scoring tokens (no `false_token`: the true token's logit alone),
-    the instruction used when a request gives none, and how a non-empty instruction fills the
-    template's {instruction} (a record whose instruction line appears only when there is one)."""
+    """Where the prompt comes from (`origin`), its pieces (None: the tokenizer's chat template with
+    query/document roles), the scoring tokens (no `false_token`: the true token's logit alone), the
+    instruction used when a request gives none, and how a non-empty instruction fills the
+    template's {instruction} (a record whose instruction line appears only when there is one).
+
+    Each piece is tokenized on its own and the token ids are joined, as the reference code of each
+    record builds its input (a tokenizer that merges punctuation with a following newline splits
+    the joined text differently); a configured `template` is one piece."""
 
     origin: str
-    template: str | None
+    pieces: tuple[str, ...] | None
     true_token: str
     false_token: str | None
     instruction: str = ""
     instruction_format: str = "{}"
 
-    def render(self, query: str, document: str, instruction: str | None) -> str:
-        """The prompt of one pair (template rerankers; chat templates render in the adapter)."""
-        assert self.template is not None, "This is a bug: a chat-template prompt has no text template"
+    @property
+    def template(self) -> str | None:
+        return None if self.pieces is None else "".join(self.pieces)
+
+    def render(self, query: str, document: str, instruction: str | None) -> list[str]:
+        """The texts of one pair's pieces, to be tokenized one by one (template rerankers; chat
+        templates render in the adapter)."""
+        assert self.pieces is not None, "This is a bug: a chat-template prompt has no text template"
         given = self.instruction if instruction is None else instruction
         values = {
             "instruction": self.instruction_format.format(given) if given else "",
             "query": query,
             "document": document,
         }
-        return "".join(text + (values[name] if name else "") for text, name in parse(self.template))
+        return ["".join(text + (values[name] if name else "") for text, name in parse(p)) for p in self.pieces]
 
 
 _QWEN3 = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
-    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
-    "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
-    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n',
+    "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}",
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
 )
 _MXBAI = (
     "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-    "<|im_start|>user\n{instruction}query: {query}\ndocument: {document}\nYou are a search relevance expert who "
-    "evaluates how well documents match search queries. For each query-document pair, carefully analyze the "
-    "semantic relationship between them, then provide your binary relevance judgment (0 for not relevant, 1 "
-    "for relevant).\nRelevance:<|im_end|>\n<|im_start|>assistant\n"
+    "<|im_start|>user\n",
+    "{instruction}query: {query}",
+    "\n",
+    "document: {document}",
+    "\n",
+    "You are a search relevance expert who evaluates how well documents match search queries. For each "
+    "query-document pair, carefully analyze the semantic relationship between them, then provide your binary "
+    "relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:",
+    "<|im_end|>\n<|im_start|>assistant\n",
 )
+_GEMMA = ("<bos>", "A: {query}", "\n", "B: {document}", "\n", "{instruction}")
 _GEMMA_INSTRUCTION = (
     "Given a query A and a passage B, determine whether the passage contains an answer to the query by "
     "providing a prediction of either 'Yes' or 'No'."
 )
 
-#: The published layouts, as their model cards and reference code format a pair.
+#: The published layouts, pieced as their reference code tokenizes a pair: Qwen3-Reranker's model
+#: card (prefix, body, suffix), FlagEmbedding's `FlagLLMReranker` (bos, "A: " query, "\n",
+#: "B: " passage, "\n", prompt) and the mxbai-rerank package's `MxbaiRerankV2` (chat prefix,
+#: instruction line and query, "\n", document, "\n", task, chat suffix).
 RECORDS: dict[str, RerankPrompt] = {
     "qwen3-reranker": RerankPrompt(
         "qwen3-reranker",
@@ -80,9 +98,7 @@ RECORDS: dict[str, RerankPrompt] = {
         "no",
         "Given a web search query, retrieve relevant passages that answer the query",
     ),
-    "bge-reranker-v2-gemma": RerankPrompt(
-        "bge-reranker-v2-gemma", "<bos>A: {query}\nB: {document}\n{instruction}", "Yes", None, _GEMMA_INSTRUCTION
-    ),
+    "bge-reranker-v2-gemma": RerankPrompt("bge-reranker-v2-gemma", _GEMMA, "Yes", None, _GEMMA_INSTRUCTION),
     "mxbai-rerank-v2": RerankPrompt("mxbai-rerank-v2", _MXBAI, "1", "0", "", "instruction: {}\n"),
 }
 #: The record a causal LM of each `model_type` gets when neither its entry nor its files say more.
@@ -146,7 +162,7 @@ def resolve(
     if configured in RECORDS:
         prompt = RECORDS[configured]
     elif configured is not None:
-        prompt = RerankPrompt("configured", configured, "yes", "no")
+        prompt = RerankPrompt("configured", (configured,), "yes", "no")
     elif has_pair_roles(chat_template(directory, tokenizer_config)):
         prompt = RerankPrompt(CHAT_TEMPLATE, None, "yes", "no")
     elif model_type in BY_MODEL_TYPE:

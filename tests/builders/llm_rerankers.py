@@ -18,13 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from tests.builders.text import CORPUS
 
-#: Lines that start with the scoring words, so that BPE learns each as one token.
+#: Lines that start with the scoring words, so that BPE learns each as one token; and questions and
+#: sentences ending a line, so that it learns punctuation merged with the newline after it (as the
+#: real vocabularies hold "?\n" and ".\n"), where tokenizing a prompt whole and in pieces differ.
 ANSWERS = ["yes it is", "no it is not", "Yes", "No", "yes", "no", "1", "0"] * 20
+ENDINGS = ["Which one?\nB: it is.\nGiven", "Where?\ndocument: here.\nYou", "query: why?\n", "It is.\n"] * 30
+#: Qwen2's pre-tokenizer split: ` ?[^\s\p{L}\p{N}]+[\r\n]*` keeps "?\n" in one piece.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 TINY: dict[str, Any] = {
     "hidden_size": 32,
@@ -47,14 +54,20 @@ PAIR_TEMPLATE = (
 
 
 def qwen_tokenizer(*, padding_side: str = "left", max_length: int = 512) -> PreTrainedTokenizerFast:
-    """Byte-level BPE as Qwen's: no special tokens added on encoding, `<|endoftext|>` pads."""
+    """Byte-level BPE as Qwen2's (its split, then bytes): no special tokens added on encoding,
+    `<|endoftext|>` pads."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=400, special_tokens=QWEN_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tok.train_from_iterator(CORPUS * 5 + ANSWERS, trainer)
+    tok.train_from_iterator(CORPUS * 5 + ANSWERS + ENDINGS, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -74,7 +87,7 @@ def gemma_tokenizer(*, padding_side: str = "left", max_length: int = 512) -> Pre
     specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
     alphabet = sorted(set(string.ascii_letters + string.digits + string.punctuation) | {"\n", "▁"})
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=alphabet)
-    tok.train_from_iterator(CORPUS * 5 + ANSWERS, trainer)
+    tok.train_from_iterator(CORPUS * 5 + ANSWERS + ENDINGS, trainer)
     bos = tok.token_to_id("<bos>")
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B:1", special_tokens=[("<bos>", bos)]

@@ -2,8 +2,9 @@
 next token after a prompt (Qwen3-Reranker, bge-reranker-v2-gemma, mxbai-rerank-v2).
 
 The prompt and the scoring tokens come from detection (`llm_rerank.RerankPrompt`). The pair is
-rendered into the prompt as one text and tokenized as it is (the template writes its own special
-tokens). The engine runs the base model and the LM head's rows of the two tokens only, at each
+rendered into the prompt's pieces, each tokenized on its own and their ids joined as the family's
+reference joins them (the pieces write their own special tokens); a chat template renders one
+text. The engine runs the base model and the LM head's rows of the two tokens only, at each
 sequence's last real token: p(true) = softmax([logit_false, logit_true])[1] = sigmoid(logit_true -
 logit_false), and the log-odds `logit_true - logit_false` are the raw score (with no false token,
 sigmoid of the true token's logit, which is the raw score). torch only.
@@ -96,10 +97,11 @@ class LlmRerankerAdapter(TextEncoder):
 
     # ---- prompts ------------------------------------------------------------------------------
 
-    def render(self, query: str, document: str, instruction: str | None) -> str:
-        if self.prompt.template is not None:
+    def render(self, query: str, document: str, instruction: str | None) -> list[str]:
+        """The pair's texts, each tokenized on its own."""
+        if self.prompt.pieces is not None:
             return self.prompt.render(query, document, instruction)
-        return self._chat(query, document, self.prompt.instruction if instruction is None else instruction)
+        return [self._chat(query, document, self.prompt.instruction if instruction is None else instruction)]
 
     def _chat(self, query: str, document: str, instruction: str) -> str:
         """The pair as sentence-transformers 6 renders it: `query` and `document` messages (a
@@ -138,9 +140,10 @@ class LlmRerankerAdapter(TextEncoder):
         encoded = [self._fit(i, pair) for i, pair in enumerate(pairs)]
         return [Prepared(i, len(ids), len(ids), ids) for i, ids in enumerate(encoded)]
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, texts: list[str]) -> list[int]:
+        """The pieces' token ids, joined."""
         assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
-        return self.tokenizer.ids([text], special=False, cut=None)[0]
+        return [token for ids in self.tokenizer.ids(texts, special=False, cut=None) for token in ids]
 
     def _fit(self, index: int, pair: PairItem) -> tuple[int, ...]:
         """The pair's prompt as token ids; over the limit, its document keeps its first tokens

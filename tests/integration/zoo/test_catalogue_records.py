@@ -31,7 +31,15 @@ from tests.builders.text import tiny_bert
 from tests.builders.zoo import tiny_bge_m3, tiny_modern_colbert, tiny_pylate, tiny_xlmr_cross_encoder
 from tests.integration.zoo.test_jina_v3 import SENTENCES as JINA_SENTENCES
 from tests.integration.zoo.test_jina_v3 import reference as jina_reference
-from tests.integration.zoo.test_llm_rerank import DOCUMENTS, QUERY, gemma_card, mxbai_card, qwen3_card, reference
+from tests.integration.zoo.test_llm_rerank import (
+    DOCUMENTS,
+    QUERY,
+    flag_llm_reranker,
+    mxbai_rerank_v2,
+    qwen3_card,
+    reference,
+    sigmoid,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -93,20 +101,32 @@ def test_a_published_id_is_detected_as_its_record_says(hub: Callable[[str, Build
     assert layout.notes["catalogue"] == model_id
 
 
-CARDS: dict[str, tuple[Callable[[str, str], str], str, str | None]] = {
-    "Qwen/Qwen3-Reranker-0.6B": (qwen3_card, "yes", "no"),
-    "BAAI/bge-reranker-v2-gemma": (gemma_card, "Yes", None),
-    "mixedbread-ai/mxbai-rerank-base-v2": (mxbai_card, "1", "0"),
+def _qwen3(directory: Path, query: str, documents: list[str]) -> np.ndarray:
+    return reference(directory, [qwen3_card(query, d) for d in documents], "yes", "no")[0]
+
+
+def _gemma(directory: Path, query: str, documents: list[str]) -> np.ndarray:
+    return sigmoid(flag_llm_reranker(directory, query, documents))
+
+
+def _mxbai(directory: Path, query: str, documents: list[str]) -> np.ndarray:
+    return sigmoid(mxbai_rerank_v2(directory, query, documents))
+
+
+#: Each record's reference: p(relevant) per document, as its model card or library computes it.
+REFERENCES: dict[str, Callable[[Path, str, list[str]], np.ndarray]] = {
+    "Qwen/Qwen3-Reranker-0.6B": _qwen3,
+    "BAAI/bge-reranker-v2-gemma": _gemma,
+    "mixedbread-ai/mxbai-rerank-base-v2": _mxbai,
 }
 
 
-@pytest.mark.parametrize("model_id", sorted(CARDS))
-def test_an_llm_reranker_by_its_id_alone_scores_as_its_model_card(
+@pytest.mark.parametrize("model_id", sorted(REFERENCES))
+def test_an_llm_reranker_by_its_id_alone_scores_as_its_reference(
     serve: Any, hub: Callable[[str, Builder], Path], model_id: str
 ) -> None:
     directory = hub(model_id, LAYOUTS[model_id])
-    card, true, false = CARDS[model_id]
-    expected, _ = reference(directory, [card(QUERY, d) for d in DOCUMENTS], true, false)
+    expected = REFERENCES[model_id](directory, QUERY, DOCUMENTS)
     live = serve({"models": [{"name": "llm", "source": model_id}]})
     with live.client() as client:
         answer = client.post("/rerank", json={"model": "llm", "query": QUERY, "documents": DOCUMENTS})

@@ -46,27 +46,85 @@ def qwen3_card(query: str, document: str, instruction: str = QWEN3_INSTRUCTION) 
 
 
 def gemma_card(query: str, document: str) -> str:
-    """bge-reranker-v2-gemma's card: <bos> + "A: q" + sep + "B: d" + sep + prompt."""
-    prompt = (
-        "Given a query A and a passage B, determine whether the passage contains an answer to the query by "
-        "providing a prediction of either 'Yes' or 'No'."
-    )
-    return f"<bos>A: {query}\nB: {document}\n{prompt}"
+    """bge-reranker-v2-gemma's prompt as one text (what the server sent before it tokenized in pieces)."""
+    return f"<bos>A: {query}\nB: {document}\n{GEMMA_PROMPT}"
+
+
+GEMMA_PROMPT = (
+    "Given a query A and a passage B, determine whether the passage contains an answer to the query by "
+    "providing a prediction of either 'Yes' or 'No'."
+)
+
+
+def flag_llm_reranker(directory: Path, query: str, documents: list[str]) -> np.ndarray:
+    """FlagEmbedding's `FlagLLMReranker.compute_score` (its source; the package does not import
+    under transformers 5): [bos] + ids("A: " + query) + ids("\n") + ids("B: " + passage) + ids("\n")
+    + ids(prompt), each tokenized alone, scored by the logit of the first token of "Yes"."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    yes = ids("Yes")[0]
+    logits = []
+    with torch.inference_mode():
+        for document in documents:
+            joined = [tokenizer.bos_token_id, *ids(f"A: {query}"), *ids("\n"), *ids(f"B: {document}")]
+            joined += ids("\n") + ids(GEMMA_PROMPT)
+            logits.append(float(model(input_ids=torch.tensor([joined])).logits[0, -1, yes]))
+    return np.asarray(logits)
 
 
 def mxbai_card(query: str, document: str, instruction: str | None = None) -> str:
-    """mxbai-rerank-v2's code: chat prefix + [instruction + sep] + query + sep + document + sep + task + suffix."""
+    """mxbai-rerank-v2's prompt as one text (what the server sent before it tokenized in pieces)."""
     prefix = (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\n"
     )
-    task = (
-        "You are a search relevance expert who evaluates how well documents match search queries. For each "
-        "query-document pair, carefully analyze the semantic relationship between them, then provide your "
-        "binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
-    )
     head = f"instruction: {instruction}\n" if instruction else ""
-    return f"{prefix}{head}query: {query}\ndocument: {document}\n{task}<|im_end|>\n<|im_start|>assistant\n"
+    return f"{prefix}{head}query: {query}\ndocument: {document}\n{MXBAI_TASK}<|im_end|>\n<|im_start|>assistant\n"
+
+
+MXBAI_TASK = (
+    "You are a search relevance expert who evaluates how well documents match search queries. For each "
+    "query-document pair, carefully analyze the semantic relationship between them, then provide your "
+    "binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
+)
+
+
+def mxbai_rerank_v2(directory: Path, query: str, documents: list[str], instruction: str | None = None) -> np.ndarray:
+    """The mxbai-rerank package's `MxbaiRerankV2.predict` (its source; the package calls the
+    tokenizer's `prepare_for_model`, which transformers 5 removed): ids(chat prefix) +
+    ids(["instruction: I\n"] + "query: Q") + ids("\n") + ids("document: D") + ids("\n") + ids(task)
+    + ids(chat suffix), scored by the logit of the first token of "1" less that of "0"."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    prefix = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    prefix += "<|im_start|>user\n"
+    task = MXBAI_TASK
+    head = f"instruction: {instruction}\n" if instruction else ""
+    yes, no = ids("1")[0], ids("0")[0]
+    logits = []
+    with torch.inference_mode():
+        for document in documents:
+            joined = ids(prefix) + ids(f"{head}query: {query}") + ids("\n") + ids(f"document: {document}")
+            joined += ids("\n") + ids(task) + ids("<|im_end|>\n<|im_start|>assistant\n")
+            last = model(input_ids=torch.tensor([joined])).logits[0, -1]
+            logits.append(float(last[yes] - last[no]))
+    return np.asarray(logits)
+
+
+def sigmoid(values: np.ndarray) -> np.ndarray:
+    return np.asarray(1 / (1 + np.exp(-values)))
 
 
 def reference(directory: Path, texts: list[str], true: str, false: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -159,29 +217,37 @@ def test_the_configured_instruction_is_the_default(serve: Any, qwen3_dir: Path) 
         np.testing.assert_allclose(rerank(client, DOCUMENTS), expected, atol=1e-4)
 
 
-def test_bge_reranker_v2_gemma_scores_the_yes_logit(serve: Any, tmp_path: Path) -> None:
+def test_bge_reranker_v2_gemma_scores_the_yes_logit_as_flag_embedding(serve: Any, tmp_path: Path) -> None:
     directory = tiny_gemma_reranker(tmp_path / "gemma")
-    expected, odds = reference(directory, [gemma_card(QUERY, d) for d in DOCUMENTS], "Yes", None)
-    assert np.ptp(expected) > 1e-3
+    odds = flag_llm_reranker(directory, QUERY, DOCUMENTS)
+    assert np.ptp(odds) > 1e-2
+    # The query ends in "?" and the tokenizer merges "?\n": the prompt tokenized whole scores otherwise.
+    _, whole = reference(directory, [gemma_card(QUERY, d) for d in DOCUMENTS], "Yes", None)
+    assert np.abs(whole - odds).max() > 1e-3
     live = serve({"models": [entry(directory)]})
     with live.client() as client:
         got = rerank(client, DOCUMENTS)
         raw = rerank(client, DOCUMENTS, raw_scores=True)
         single = [rerank(client, [d])[0] for d in DOCUMENTS[:3]]
-    np.testing.assert_allclose(got, expected, atol=1e-4)
+    np.testing.assert_allclose(got, sigmoid(odds), atol=1e-4)
     np.testing.assert_allclose(raw, odds, atol=1e-4)
     np.testing.assert_allclose(single, got[:3], atol=1e-5)
 
 
-def test_mxbai_rerank_v2_scores_1_against_0_with_and_without_instruction(serve: Any, tmp_path: Path) -> None:
+def test_mxbai_rerank_v2_scores_as_its_reference_with_and_without_instruction(serve: Any, tmp_path: Path) -> None:
     directory = tiny_mxbai_reranker(tmp_path / "mxbai")
-    expected, _ = reference(directory, [mxbai_card(QUERY, d) for d in DOCUMENTS], "1", "0")
-    instruction = "Rank pets first"
-    instructed, _ = reference(directory, [mxbai_card(QUERY, d, instruction) for d in DOCUMENTS], "1", "0")
+    instruction = "Rank pets first."
+    odds = mxbai_rerank_v2(directory, QUERY, DOCUMENTS)
+    instructed = mxbai_rerank_v2(directory, QUERY, DOCUMENTS, instruction)
+    assert np.abs(odds - instructed).max() > 1e-3
+    _, whole = reference(directory, [mxbai_card(QUERY, d, instruction) for d in DOCUMENTS], "1", "0")
+    assert np.abs(whole - instructed).max() > 1e-3  # "?\n" and ".\n" merge when tokenized whole
     live = serve({"models": [entry(directory)]})
     with live.client() as client:
-        np.testing.assert_allclose(rerank(client, DOCUMENTS), expected, atol=1e-4)
-        np.testing.assert_allclose(rerank(client, DOCUMENTS, instruction=instruction), instructed, atol=1e-4)
+        np.testing.assert_allclose(rerank(client, DOCUMENTS, raw_scores=True), odds, atol=1e-4)
+        np.testing.assert_allclose(rerank(client, DOCUMENTS), sigmoid(odds), atol=1e-4)
+        got = rerank(client, DOCUMENTS, raw_scores=True, instruction=instruction)
+        np.testing.assert_allclose(got, instructed, atol=1e-4)
 
 
 @pytest.mark.slow
