@@ -55,7 +55,11 @@ class _CheckedConverter(ctranslate2.converters.TransformersConverter):  # type: 
         self.task = task
 
     def load_model(self, model_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
-        return from_pretrained_checked(model_class, Path(model_name_or_path), self.task, **kwargs)
+        # The converter stores the encoder alone; it loads XLM-R as a sequence classifier, whose head
+        # an embedder lacks, but never reads that head (a reranker's runs in the adapter, checked there).
+        return from_pretrained_checked(
+            model_class, Path(model_name_or_path), self.task, unread=("classifier.",), **kwargs
+        )
 
 
 def convert(directory: Path, staging: Path, trust_remote_code: bool, task: Task) -> None:

@@ -21,15 +21,18 @@ _SHOWN = 5
 _LOADING = threading.Lock()
 
 
-def from_pretrained_checked(auto_class: Any, directory: Path, task: str, **kwargs: Any) -> Any:
-    """`auto_class.from_pretrained(directory, **kwargs)`, refused when weights are missing.
+def from_pretrained_checked(
+    auto_class: Any, directory: Path, task: str, *, unread: tuple[str, ...] = (), **kwargs: Any
+) -> Any:
+    """`auto_class.from_pretrained(directory, **kwargs)`, refused when weights are missing, but for
+    those under the prefixes `unread`, which the caller never reads.
 
     One at a time in the process: transformers builds a model of another precision by setting
     torch's process-wide default dtype, so two loads at once (a float16 model and a float32 one)
     would each build part of their model in the other's precision."""
     with _LOADING:
         model, info = auto_class.from_pretrained(str(directory), output_loading_info=True, **kwargs)
-    missing = sorted(k for k in info.get("missing_keys", ()) if not _unused(task, k))
+    missing = sorted(k for k in info.get("missing_keys", ()) if not _unused(task, k) and not k.startswith(unread))
     mismatched = sorted(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", ()))
     if missing or mismatched:
         raise ModelUnavailable(_message(auto_class, task, missing, mismatched))
