@@ -212,19 +212,26 @@ class RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started, status = time.perf_counter(), 500
+        started, status, counted = time.perf_counter(), 500, False
         arrival.set(time.monotonic())  # the request's deadline counts from here
+
+        def count() -> None:
+            nonlocal counted
+            if not counted:
+                counted = True
+                name = getattr(scope.get("route"), "path", "unmatched")
+                self.metrics.requests.labels(name, str(status)).inc()
+                self.metrics.latency.labels(name).observe(time.perf_counter() - started)
 
         async def recording(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                count()  # before the last bytes: a client holding its answer finds it counted
             await send(message)
 
         try:
             await self.app(scope, receive, recording)
         finally:
-            route = scope.get("route")
-            name = getattr(route, "path", "unmatched")
-            self.metrics.requests.labels(name, str(status)).inc()
-            self.metrics.latency.labels(name).observe(time.perf_counter() - started)
+            count()

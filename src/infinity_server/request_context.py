@@ -59,6 +59,21 @@ def timing_headers(stages: Sequence[StageTimes], total: float) -> dict[str, str]
     return {f"x-{name}-time": f"{value:.3f}" for name, value in timings_ms(stages, total).items()}
 
 
+class _Counted:
+    """A request's stage times and cache lookups, each counted in the metrics once: those finished
+    when the answer starts, then any finished later (a streamed body, a failure before any answer)."""
+
+    def __init__(self, metrics: Metrics, stages: list[StageTimes], lookups: list[result_cache.Lookup]) -> None:
+        self.metrics, self.stages, self.lookups = metrics, stages, lookups
+        self.stages_done = self.lookups_done = 0
+
+    def flush(self) -> None:
+        stages, lookups = len(self.stages), len(self.lookups)
+        self.metrics.on_stages(self.stages[self.stages_done : stages])
+        self.metrics.on_cache(self.lookups[self.lookups_done : lookups])
+        self.stages_done, self.lookups_done = stages, lookups
+
+
 class RequestContext:
     """The outermost middleware: every answer, errors included, carries the request id."""
 
@@ -76,11 +91,13 @@ class RequestContext:
         status = 500
 
         with recording() as stages, result_cache.recording() as lookups:
+            counted = _Counted(self.metrics, stages, lookups)
 
             async def sending(message: Message) -> None:
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
+                    counted.flush()  # a client holding its answer finds its work in /metrics
                     headers = MutableHeaders(scope=message)
                     headers["x-request-id"] = rid
                     for name, value in timing_headers(stages, time.perf_counter() - started).items():
@@ -96,12 +113,11 @@ class RequestContext:
             try:
                 await self.app(scope, receive, sending)
             finally:
-                self.metrics.on_cache(lookups)
+                counted.flush()
                 self._finish(scope, stages, status, span, time.perf_counter() - started)
                 REQUEST_ID.reset(token)
 
     def _finish(self, scope: Scope, stages: list[StageTimes], status: int, span: Any, seconds: float) -> None:
-        self.metrics.on_stages(stages)
         if span is not None and self.tracing is not None:
             self.tracing.finish(span, scope, stages, status, time.time())
         if self.access_log:

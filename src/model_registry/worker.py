@@ -310,25 +310,30 @@ class Worker:
                 )
         except Exception as error:
             failed = True
+            self._report(batch, time.perf_counter() - started, failed)
             self._fail(batch, error)
         else:
             self._stamp(batch, forward_start, forward_end)
+            self._report(batch, time.perf_counter() - started, failed)
             for entry, result in zip(batch.entries, results, strict=True):
                 if _finite_scores(result):
                     entry.request.deliver(entry.prepared.index, result)
                 else:
                     entry.request.fail(not_finite(f"the model '{self.name}' scored input {entry.prepared.index} as"))
         ended = time.perf_counter()
-        seconds = ended - started
         # Admission plans with the rate batches are served at: every stage a batch goes through, and
         # while work keeps waiting, the gaps between batches too (waits for the interpreter lock or
         # a shared device), which a busy host stretches.
-        spent = collating + seconds if self._busy_since is None else ended - self._busy_since
+        spent = collating + ended - started if self._busy_since is None else ended - self._busy_since
         waiting = bool(self.batches.depth) or not self._handoff.empty()
         self._busy_since = ended if waiting else None
         if not failed and not waiting:
             self._pause()
         self.batches.record(sum(e.prepared.cost for e in batch.entries), spent)
+
+    def _report(self, batch: Batch, seconds: float, failed: bool) -> None:
+        """Count the batch before any of its requests is answered, so that a client holding its
+        answer never reads metrics that miss the batch which made it (a few microseconds)."""
         if self._on_batch is not None:
             tokens = sum(e.prepared.tokens for e in batch.entries)
             capacity = self.batches.max_batch_tokens

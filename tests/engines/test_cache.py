@@ -20,6 +20,7 @@ from model_registry.backends.base import EncoderBatch, EngineOptions
 from model_registry.errors import ModelUnavailable
 from tests.builders.text import tiny_bert
 from tests.conftest import REPO
+from tests.waiting import eventually
 
 pytest.importorskip("onnxruntime")
 
@@ -275,13 +276,12 @@ def test_staging_left_by_a_killed_build_is_removed(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
     building = subprocess.Popen([sys.executable, "-c", code, str(root), str(started)], cwd=REPO, env=env)
     try:
-        deadline = time.monotonic() + 30
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The file exists a moment before the path is written into it: wait for the path.
+        written = eventually(lambda: started.read_text() if started.exists() else "", deadline=30)
     finally:
         building.kill()  # as an out-of-memory kill would: no cleanup runs
         building.wait(10)
-    staging = Path(started.read_text())
+    staging = Path(written)
     assert staging.is_dir()
     cache.cached(root, "onnx", "k1", counting_build(tmp_path / BUILDS))  # any later use of the cache
     assert not staging.exists()
@@ -298,9 +298,7 @@ def test_the_staging_of_a_build_still_running_is_kept(tmp_path: Path) -> None:
     building = threading.Thread(target=cache.cached, args=(root, "onnx", "k2", slow))
     building.start()
     try:
-        deadline = time.monotonic() + 10
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: seen)
         cache.cached(root, "onnx", "k1", counting_build(tmp_path / BUILDS))
         assert seen[0].is_dir(), "the staging directory of a running build was removed"
     finally:

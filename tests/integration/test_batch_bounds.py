@@ -4,7 +4,6 @@ is a whole number in its range, whatever characters it is sent as."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import orjson
 import pytest
 
 from tests.integration.test_batches import DONE, FAKE, SLOW, embed_lines, jsonl, line, refusal, upload
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -22,13 +22,12 @@ def wait(
     http: httpx.Client, batch_id: str, until: Callable[[dict[str, Any]], bool], limit: float = 30
 ) -> dict[str, Any]:
     """The job once `until(job)` holds (polled); fails after `limit` seconds."""
-    deadline = time.monotonic() + limit
-    while True:
-        job: dict[str, Any] = http.get(f"/v1/batches/{batch_id}").json()
-        if until(job):
-            return job
-        assert time.monotonic() < deadline, f"batch {batch_id} is {job['status']} after {limit} s: {job}"
-        time.sleep(0.05)
+
+    def job() -> dict[str, Any]:
+        found: dict[str, Any] = http.get(f"/v1/batches/{batch_id}").json()
+        return found
+
+    return eventually(job, until, deadline=limit)
 
 
 def start(http: httpx.Client, rows: list[Any], **extra: Any) -> dict[str, Any]:

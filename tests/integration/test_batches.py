@@ -19,13 +19,14 @@ import numpy as np
 import openai
 import orjson
 import pytest
-from openai.types import Batch
+from openai.types import Batch, BatchRequestCounts
 
 from infinity_server.app import create_app
 from infinity_server.settings import ServerSettings, Settings
 from model_registry.adapters.fake import fake_vector
 from model_registry.config import registry_config
 from tests.conftest import REPO, LiveServer, free_port, start_server
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -70,11 +71,17 @@ def submit(client: openai.OpenAI, rows: list[Any], endpoint: str = "/v1/embeddin
 
 
 def finished(client: openai.OpenAI, batch_id: str, limit: float = 30) -> Batch:
-    deadline = time.monotonic() + limit
-    while (batch := client.batches.retrieve(batch_id)).status not in DONE:
-        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.status} after {limit} s"
-        time.sleep(0.05)
-    return batch
+    return eventually(lambda: client.batches.retrieve(batch_id), lambda batch: batch.status in DONE, deadline=limit)
+
+
+def completed_at_least(client: openai.OpenAI, batch_id: str, lines: int) -> BatchRequestCounts:
+    """The job's counts once `lines` of its lines are stored (the runner stores them in the background)."""
+    counts = eventually(
+        lambda: client.batches.retrieve(batch_id).request_counts,
+        lambda counts: counts is not None and counts.completed >= lines,
+    )
+    assert counts is not None
+    return counts
 
 
 def rows_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -135,8 +142,10 @@ def test_the_openai_client_runs_a_batch_and_reads_its_results(serve: Any, tmp_pa
     assert client.files.retrieve(batch.output_file_id or "").purpose == "batch_output"
     assert [listed.id for listed in client.batches.list()] == [batch.id]
 
-    metrics = httpx.get(server.url + "/metrics").text
-    assert 'infinity_batch_jobs{status="completed"} 1.0' in metrics
+    # The runner counts the jobs by status after it has ended this one, in the background.
+    completed = 'infinity_batch_jobs{status="completed"} 1.0'
+    metrics = eventually(lambda: httpx.get(server.url + "/metrics").text, lambda text: completed in text)
+    assert completed in metrics
     assert 'infinity_batch_job_lines_total{outcome="completed"} 5.0' in metrics
     assert 'infinity_batch_job_lines_total{outcome="failed"} 5.0' in metrics
 
@@ -284,8 +293,7 @@ def test_cancel_stops_a_job_and_keeps_the_lines_that_finished(serve: Any, tmp_pa
     waiting = client.batches.cancel(waiting.id)  # jobs run one at a time: this one has not started
     assert waiting.status == "cancelled"
     assert (waiting.output_file_id, waiting.error_file_id, waiting.in_progress_at) == (None, None, None)
-    while (counts := client.batches.retrieve(batch.id).request_counts) is None or counts.completed < 2:
-        time.sleep(0.05)
+    completed_at_least(client, batch.id, 2)
     assert client.batches.cancel(batch.id).status == "cancelling"
     batch = finished(client, batch.id)
     assert batch.status == "cancelled"
@@ -312,8 +320,7 @@ def test_a_job_stopped_with_the_server_resumes_where_it_stopped(tmp_path: Path, 
     try:
         client = connect(first.url)
         batch = submit(client, embed_lines(20, "slow"))
-        while (counts := client.batches.retrieve(batch.id).request_counts) is None or counts.completed < 4:
-            time.sleep(0.05)
+        counts = completed_at_least(client, batch.id, 4)
     finally:
         first.close()
     second = started(**settings)
@@ -381,8 +388,7 @@ def test_a_job_killed_mid_way_resumes_after_a_restart_with_every_line_once(tmp_p
     with server_process(tmp_path, batch_dir) as (process, url):
         client = connect(url)
         batch = submit(client, embed_lines(total, "slow"))
-        while (counts := client.batches.retrieve(batch.id).request_counts) is None or counts.completed < 6:
-            time.sleep(0.02)
+        counts = completed_at_least(client, batch.id, 6)
         process.send_signal(signal.SIGKILL)
         process.wait(10)
     seen_before = counts.completed

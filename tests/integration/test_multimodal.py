@@ -21,6 +21,7 @@ from tests.builders.media import image_bytes
 from tests.conftest import LiveServer
 from tests.integration.media_setup import MIME, build_models, data_uri, media_server
 from tests.media_http import file_server
+from tests.waiting import eventually_async
 
 pytestmark = pytest.mark.integration
 
@@ -270,8 +271,13 @@ def test_colpali_page_by_url_equals_upload(client: httpx.Client, files: tuple[st
 def test_a_slow_fetch_does_not_hold_up_other_requests(
     server: LiveServer, files: tuple[str, list[str]], data_dir: Path
 ) -> None:
-    base, _ = files
+    base, hits = files
     photo = data_uri((data_dir / PHOTO).read_bytes(), "image/jpeg")
+    slow_path = f"/slow/{PHOTO}"
+    fetched_before = hits.count(slow_path)
+
+    async def slow_fetch_begun() -> bool:
+        return hits.count(slow_path) > fetched_before
 
     async def both() -> tuple[float, float]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
@@ -283,8 +289,8 @@ def test_a_slow_fetch_does_not_hold_up_other_requests(
                 assert response.status_code == 200, response.text
                 return time.monotonic()
 
-            slow = asyncio.create_task(timed([f"{base}/slow/{PHOTO}"]))
-            await asyncio.sleep(0.2)
+            slow = asyncio.create_task(timed([base + slow_path]))
+            await eventually_async(slow_fetch_begun)  # the file server holds it for a second from here
             fast_done = await timed([photo])
             return fast_done, await slow
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,8 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from infinity_server.app import create_app
 from infinity_server.logs import JsonFormatter
 from infinity_server.settings import ServerSettings, Settings
+from model_registry.adapters.fake import FakeAdapter
 from model_registry.config import registry_config
 from tests.conftest import LiveServer, start_server
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -51,11 +52,19 @@ def test_request_ids_are_echoed_or_generated(serve: Any) -> None:
         assert refused.headers["x-request-id"] == "refused-1"
 
 
+def forward_passes(server: LiveServer) -> list[int]:
+    """The fake model's forward passes so far (each is recorded as it starts), its load's included."""
+    adapter = server.app.state.registry._handles["fake"].adapter
+    assert isinstance(adapter, FakeAdapter)
+    return adapter.batches
+
+
 def test_timing_headers_measure_queue_and_inference(serve: Any) -> None:
     server = serve({"models": [{**fake(), "max_batch_tokens": 1}]})
+    ran = len(forward_passes(server))
     with server.client() as client, ThreadPoolExecutor(2) as pool:
         first = pool.submit(embed, client, ["first"])
-        time.sleep(DELAY / 4)
+        eventually(lambda: len(forward_passes(server)), lambda passes: passes > ran)  # the first is in its forward pass
         second = pool.submit(embed, client, ["second"])
         responses = [first.result(30), second.result(30)]
     for response in responses:
@@ -79,10 +88,7 @@ def test_access_log_lines_are_json_with_the_request_id(serve: Any, caplog: pytes
     server = serve({"models": [fake(delay=0)]})
     with caplog.at_level(logging.INFO, logger="infinity_server.access"), server.client() as client:
         embed(client, ["a b"], **{"X-Request-Id": "logged-1"})
-        deadline = time.monotonic() + 10
-        while not (line := access_line(caplog, "logged-1")):  # written just after the response is sent
-            assert time.monotonic() < deadline, "no access log line"
-            time.sleep(0.01)
+        line = eventually(lambda: access_line(caplog, "logged-1"))  # written just after the response is sent
     assert line["route"] == "/v1/embeddings"
     assert line["status"] == 200
     assert line["models"] == ["fake"]
@@ -154,13 +160,7 @@ def test_traceparent_is_continued_and_stages_are_spans(traced: tuple[LiveServer,
 
 def finished_spans(exporter: InMemorySpanExporter, name: str) -> tuple[ReadableSpan, ...]:
     """The exported spans, once one named `name` is among them (spans end after the response)."""
-    deadline = time.monotonic() + 10
-    while True:
-        spans = exporter.get_finished_spans()
-        if any(s.name == name for s in spans):
-            return spans
-        assert time.monotonic() < deadline, f"no span {name}"
-        time.sleep(0.01)
+    return eventually(exporter.get_finished_spans, lambda spans: any(s.name == name for s in spans))
 
 
 def seconds(span: ReadableSpan) -> float:

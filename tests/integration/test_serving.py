@@ -16,6 +16,7 @@ import pytest
 
 from model_registry.adapters.fake import FakeAdapter, fake_vector
 from tests.conftest import REPO, LiveServer, free_port
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +38,18 @@ def traffic_only(server: LiveServer, name: str) -> FakeAdapter:
     return adapter
 
 
+def queued(server: LiveServer, name: str) -> int:
+    """Items waiting in the model's queue (a batch taken from it, prefetched or running, is not)."""
+    depth: int = server.app.state.registry.info(name).queue_depth
+    return depth
+
+
+def collated_ahead(server: LiveServer, name: str) -> bool:
+    """Whether the model's collator holds a batch, collated, for the forward pass after this one."""
+    worker = server.app.state.registry._handles[name].worker
+    return worker is not None and worker._handoff.full()
+
+
 def post(server: LiveServer, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
     with server.client(**kwargs) as client:
         return client.post("/v1/embeddings", json=body)
@@ -46,14 +59,21 @@ def test_an_injected_failure_fails_exactly_the_batch_it_shares_with_healthy_requ
     # Two items per batch, every request of the same (default) priority: the poison shares its
     # batch with one healthy request; the request after them runs in the next batch.
     server = serve({"models": [{**fake(fail_on="boom", delay=1.0), "max_batch_tokens": 2}]})
-    traffic_only(server, "fake")
+    adapter = traffic_only(server, "fake")
     texts = ["running", "prefetched", "boom", "neighbour", "later"]
-    gaps = [0.3, 0.3, 0.05, 0.05, 0.0]  # one batch runs and one waits before the last three queue
+    # One batch runs and one waits prefetched before the last three queue, the poison first.
+    reached = [
+        lambda: bool(adapter.batches),
+        lambda: collated_ahead(server, "fake"),
+        lambda: queued(server, "fake") == 1,
+        lambda: True,
+        lambda: True,
+    ]
     with ThreadPoolExecutor(len(texts)) as pool:
         futures = []
-        for text, gap in zip(texts, gaps, strict=True):
+        for text, state in zip(texts, reached, strict=True):
             futures.append(pool.submit(post, server, {"model": "fake", "input": [text]}))
-            time.sleep(gap)
+            eventually(state)
         responses = [f.result() for f in futures]
     statuses = [r.status_code for r in responses]
     # Under load the last two may reach the queue in either order: the first of them shares the
@@ -87,10 +107,10 @@ def test_a_full_queue_answers_429_with_retry_after(serve: Any) -> None:
 
 def test_a_disconnected_client_costs_no_compute(serve: Any) -> None:
     server = serve({"models": [fake(delay=0.6)]})
-    traffic_only(server, "fake")
+    adapter = traffic_only(server, "fake")
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(post, server, {"model": "fake", "input": ["first"]})
-        time.sleep(0.2)
+        eventually(lambda: adapter.batches)  # its forward pass runs
         with pytest.raises(httpx.ReadTimeout):
             post(server, {"model": "fake", "input": ["abandoned"] * 30}, timeout=0.2)
         assert first.result().status_code == 200

@@ -13,6 +13,7 @@ from model_registry.adapters.fake import held_bytes
 from model_registry.handles import EventKind
 from model_registry.types import ClassifyItem
 from tests.builders.lifecycle import fake_model
+from tests.unit.test_registry import forward_started, traffic_only
 
 
 async def until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -48,8 +49,9 @@ async def test_work_for_a_model_unloaded_under_it_fails_at_once_with_unavailable
     config = {"models": [fake_model("slow", delay=0.4)], "request_timeout": 30}
     async with Registry.from_config(config) as registry:
         await registry.load("slow")  # the schedule below is the batches', not the load's
+        adapter = traffic_only(registry, "slow")
         running = asyncio.create_task(registry.embed("slow", ["running"]))
-        await asyncio.sleep(0.1)
+        await forward_started(adapter)  # unloading waits for the batch running, and fails the others
         prefetched = asyncio.create_task(registry.embed("slow", ["prefetched"]))
         await asyncio.sleep(0.05)
         queued = asyncio.create_task(registry.embed("slow", ["queued"]))

@@ -23,7 +23,7 @@ from model_registry.lifecycle import on_own_thread
 from model_registry.types import EmbedItem, Text
 from model_registry.worker import PrepareStage, side_thread
 from tests.builders.text import tiny_bert
-from tests.unit.test_registry import adapter_of, collating_threads, fake, vectors
+from tests.unit.test_registry import adapter_of, collating_threads, fake, forward_started, traffic_only, vectors
 
 
 def torch_threads_on_a_new_thread(setup: Any = None) -> int:
@@ -129,10 +129,10 @@ async def test_the_collate_thread_is_set_up_as_a_side_thread(monkeypatch: pytest
     set_up: list[str] = []
     monkeypatch.setattr(worker_module, "side_thread", lambda: set_up.append(threading.current_thread().name))
     async with Registry.from_config({"models": [fake(delay=0.3)]}) as registry:
-        adapter = adapter_of(registry, "fake")
+        adapter = traffic_only(registry, "fake")
         collating = collating_threads(adapter)
         first = asyncio.create_task(registry.embed("fake", ["alone"]))
-        await asyncio.sleep(0.1)
+        await forward_started(adapter)
         second = asyncio.create_task(registry.embed("fake", ["arrives"]))  # prefetched by the collator
         await asyncio.gather(first, second)
     assert "fake-collate" in collating

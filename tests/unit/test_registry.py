@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from model_registry.adapters import Adapter
 from model_registry.adapters.fake import FakeAdapter, fake_vector
 from model_registry.types import Embedding, EmbedItem, Media, Modality, Text
 from model_registry.worker import INLINE_COST, PrepareStage
+from tests.waiting import eventually_async
 
 
 def fake(name: str = "fake", **options: Any) -> dict[str, Any]:
@@ -43,6 +45,29 @@ def traffic_only(registry: Registry, name: str) -> FakeAdapter:
     adapter = adapter_of(registry, name)
     adapter.batches.clear()
     return adapter
+
+
+T = TypeVar("T")
+
+
+async def until(read: Callable[[], T], accept: Callable[[T], bool] = bool) -> T:
+    """`read()` once `accept` holds for it: state the worker's threads change, polled from the loop."""
+
+    async def reading() -> T:
+        return read()
+
+    return await eventually_async(reading, accept)
+
+
+async def forward_started(adapter: FakeAdapter, passes: int = 1) -> None:
+    """Wait until `passes` forward passes have begun on `adapter` (each is recorded as it begins)."""
+    await until(lambda: len(adapter.batches), lambda begun: begun >= passes)
+
+
+def collated_ahead(registry: Registry, name: str) -> bool:
+    """Whether the model's collator holds a batch, collated, for the forward pass after this one."""
+    worker = registry._handles[name].worker
+    return worker is not None and worker._handoff.full()
 
 
 def vectors(results: Any) -> list[np.ndarray]:
@@ -77,16 +102,16 @@ async def test_a_failing_batch_fails_exactly_its_requests_of_the_same_priority_a
     # Two items per batch: the poison shares its batch with one healthy request of its class.
     config = {"models": [{**fake(fail_on="boom", delay=0.3), "max_batch_tokens": 2}]}
     async with Registry.from_config(config) as registry:
-        traffic_only(registry, "fake")
-        # One batch runs and one waits prefetched, so the next three queue up together.
+        adapter = traffic_only(registry, "fake")
+        # One batch runs and one waits prefetched, so the next three queue up together, in order.
         running = asyncio.create_task(registry.embed("fake", ["running"]))
-        await asyncio.sleep(0.1)
+        await forward_started(adapter)
         prefetched = asyncio.create_task(registry.embed("fake", ["prefetched"]))
-        await asyncio.sleep(0.1)
+        await until(lambda: collated_ahead(registry, "fake"))
         poison = asyncio.create_task(registry.embed("fake", ["boom"]))
-        await asyncio.sleep(0.02)
+        await until(lambda: registry.info("fake").queue_depth, lambda depth: depth == 1)
         neighbour = asyncio.create_task(registry.embed("fake", ["neighbour"]))
-        await asyncio.sleep(0.02)
+        await until(lambda: registry.info("fake").queue_depth, lambda depth: depth == 2)
         later = asyncio.create_task(registry.embed("fake", ["later"]))
         outcomes = await asyncio.gather(running, prefetched, poison, neighbour, later, return_exceptions=True)
         failed = [isinstance(o, BatchFailed) for o in outcomes]
@@ -103,11 +128,11 @@ async def test_the_collator_sleeps_through_an_idle_forward_and_prefetches_work_t
         worker = registry._handles["fake"].worker
         assert worker is not None
         first = asyncio.create_task(registry.embed("fake", ["alone"]))
-        await asyncio.sleep(0.1)  # its forward pass runs, with nothing else queued
+        await forward_started(adapter)  # its forward pass runs, with nothing else queued
         assert adapter.batches == [1]
         assert not worker._running.is_set()
         second = asyncio.create_task(registry.embed("fake", ["arrives"]))
-        await asyncio.sleep(0.1)  # queued while the first one runs: prefetch it
+        await until(worker._running.is_set)  # queued while the first one runs: prefetch it
         assert worker._running.is_set()
         await asyncio.gather(first, second)
         assert collating == ["fake-forward", "fake-collate"]
@@ -131,10 +156,7 @@ async def test_an_idle_forward_thread_pauses_after_delivering_until_work_arrives
         assert worker is not None
         started = time.monotonic()
         first = vectors(await registry.embed("fake", ["first"]))  # delivered before the pause
-        for _ in range(200):
-            if worker._pausing:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: worker._pausing)
         assert worker._pausing
         assert worker.busy  # its bookkeeping waits
         second = vectors(await registry.embed("fake", ["second"]))
@@ -149,15 +171,17 @@ async def test_an_idle_forward_thread_pauses_after_delivering_until_work_arrives
 
 async def test_cancelled_requests_never_reach_the_model() -> None:
     async with Registry.from_config({"models": [fake(delay=0.3)]}) as registry:
-        traffic_only(registry, "fake")
+        adapter = traffic_only(registry, "fake")
         blocker = asyncio.create_task(registry.embed("fake", ["first"]))
-        await asyncio.sleep(0.1)
+        await forward_started(adapter)
         victim = asyncio.create_task(registry.embed("fake", ["never computed"] * 20))
-        await asyncio.sleep(0.05)
+        # Queued behind it, or already taken by the collator to run next.
+        await until(lambda: registry.info("fake").queue_depth == 20 or collated_ahead(registry, "fake"))
         victim.cancel()
         await blocker
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.4)  # long enough for the worker to have run it, were it not dropped
         assert adapter_of(registry, "fake").batches == [1]
+        await until(lambda: registry.info("fake").queue_depth, lambda depth: depth == 0)  # dropped at the next batch
         assert registry.info("fake").queue_depth == 0
 
 
@@ -170,13 +194,14 @@ async def test_deadline_exceeded_when_the_model_is_too_slow() -> None:
 async def test_a_full_queue_is_overloaded_not_a_hang() -> None:
     config = {"models": [{**fake(delay=0.3), "max_queued_items": 4}], "max_inputs_per_request": 4}
     async with Registry.from_config(config) as registry:
+        adapter = traffic_only(registry, "fake")
         running = asyncio.create_task(registry.embed("fake", ["a"]))
-        await asyncio.sleep(0.05)
+        await forward_started(adapter)
         # One batch runs, one is prefetched, the next fills the queue's 4 places.
         prefetched = asyncio.create_task(registry.embed("fake", ["b"] * 4))
-        await asyncio.sleep(0.05)
+        await until(lambda: collated_ahead(registry, "fake"))
         waiting = asyncio.create_task(registry.embed("fake", ["c"] * 4))
-        await asyncio.sleep(0.05)
+        await until(lambda: registry.info("fake").queue_depth, lambda depth: depth == 4)
         with pytest.raises(Overloaded) as raised:
             await registry.embed("fake", ["d"])
         assert raised.value.retry_after >= 1

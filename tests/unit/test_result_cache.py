@@ -30,7 +30,7 @@ from model_registry.types import (
     Text,
     TokenIds,
 )
-from tests.unit.test_registry import traffic_only
+from tests.unit.test_registry import forward_started, traffic_only
 
 
 def cached_fake(name: str = "fake", cache: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
@@ -147,7 +147,7 @@ async def test_identical_inputs_are_computed_once_within_and_across_concurrent_r
         texts = ["one text", "two", "one text", "three"]
         with recording() as lookups:
             first = asyncio.create_task(registry.embed("fake", texts))
-            await asyncio.sleep(0.05)  # its forward pass is running
+            await forward_started(adapter)  # its forward pass is running
             second = asyncio.create_task(registry.embed("fake", ["three", "two", "four"]))
             results = await asyncio.gather(first, second)
         assert sum(adapter.batches) == 4  # one text, two, three; then four alone
@@ -170,7 +170,7 @@ async def test_a_waiter_computes_the_item_itself_when_the_request_computing_it_f
     async with Registry.from_config({"models": [cached_fake(delay=0.2)]}) as registry:
         adapter = traffic_only(registry, "fake")
         doomed = asyncio.create_task(registry.embed("fake", ["shared text"]))
-        await asyncio.sleep(0.05)
+        await forward_started(adapter)
         waiter = asyncio.create_task(registry.embed("fake", ["shared text"]))
         await asyncio.sleep(0.05)
         doomed.cancel()
@@ -224,8 +224,9 @@ async def test_rerank_shares_the_cache_with_embeddings() -> None:
 
 async def test_every_caller_gets_arrays_of_its_own_a_waiter_and_a_repeated_input_included() -> None:
     async with Registry.from_config({"models": [cached_fake(delay=0.2)]}) as registry:
+        adapter = traffic_only(registry, "fake")
         owner = asyncio.create_task(registry.embed("fake", ["shared text"]))
-        await asyncio.sleep(0.05)  # its forward pass is running: the next request waits on it
+        await forward_started(adapter)  # its forward pass is running: the next request waits on it
         waiter = asyncio.create_task(registry.embed("fake", ["shared text", "shared text"]))
         answers = [r.items for r in await asyncio.gather(owner, waiter)]
         vectors = [item.dense for items in answers for item in items if isinstance(item, Embedding)]

@@ -15,6 +15,7 @@ from model_registry.errors import BatchFailed, ModelUnavailable
 from model_registry.types import Score
 from model_registry.worker import BatchStats, Worker
 from tests.builders.gated import WAIT, Call, GatedAdapter, Outcomes, WatchedQueue
+from tests.waiting import eventually
 
 #: How long a test watches for something that must not happen: several of the worker's 50 ms polls.
 QUIET = 0.2
@@ -158,9 +159,7 @@ def test_an_idle_spell_after_the_waiting_work_was_cancelled_is_not_counted_as_se
     bench.hold_in_forward(3.0)
     bench.forward.release()
     bench.outcomes.next()
-    deadline = time.monotonic() + WAIT
-    while len(recorded) < 2 and time.monotonic() < deadline:  # recorded just after the delivery
-        time.sleep(0.01)
+    eventually(lambda: len(recorded), lambda count: count >= 2)  # recorded just after the delivery
     assert len(recorded) == 2
     assert recorded[1] < 0.5, recorded
 
