@@ -24,6 +24,15 @@ _UNBOUNDED = 1_000_000
 _OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer"})
 
 
+def rotary(config: Any) -> bool:
+    """Whether the model encodes positions by rotation (transformers 5 gives every such config
+    `rope_parameters`; jina-v3's XLM-R says `position_embedding_type: rotary`): it has no table to
+    run out of, and its files' `max_seq_length` decides how long an input may be."""
+    return getattr(config, "rope_parameters", None) is not None or (
+        getattr(config, "position_embedding_type", None) == "rotary"
+    )
+
+
 def usable_positions(config: Any) -> int | None:
     """How many tokens the model's position table can take, where its config says."""
     positions = getattr(config, "max_position_embeddings", None)
@@ -103,7 +112,7 @@ class TextTokenizer:
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
         positions = usable_positions(config)
-        if max_length and positions and max_length > positions:
+        if max_length and positions and max_length > positions and not rotary(config):
             # Past its position table the model fails every longer batch, or reads positions it
             # never learnt: refused at load rather than answered with 500s.
             raise ConfigError(

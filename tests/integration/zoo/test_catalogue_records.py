@@ -7,6 +7,7 @@ forward on the text each model card builds (the references of test_llm_rerank).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,29 @@ def test_the_catalogue_route_lists_every_record(serve: Any) -> None:
     assert listed["Qwen/Qwen3-Reranker-0.6B"]["template"] == "qwen3-reranker"
     assert listed["lightonai/GTE-ModernColBERT-v1"]["document_length"] == 300
     assert listed["sentence-transformers/all-MiniLM-L6-v2"]["fastest"]["cuda"] == "onnx float16"
+
+
+def test_nomic_as_published_serves_8192_tokens_past_its_trained_2048(serve: Any, tmp_path: Path) -> None:
+    """Rotary positions have no table: sentence-transformers' `max_seq_length` of 8,192 holds, and a
+    text longer than `max_position_embeddings` is embedded whole, as the reference embeds it."""
+    from transformers import AutoModel, AutoTokenizer
+
+    directory = tiny_nomic(tmp_path / "nomic")
+    for name, changes in (("config.json", {"max_position_embeddings": 64}), ("sentence_bert_config.json", {})):
+        saved = json.loads((directory / name).read_text())
+        (directory / name).write_text(json.dumps({**saved, **changes, "max_seq_length": 8192}))
+    text = "search_document: " + " ".join(["the cat sat on the mat and looked at the market"] * 12)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    encoded = tokenizer(text, return_tensors="pt")
+    assert encoded["input_ids"].shape[1] > 64  # past the positions its config gives
+    with torch.inference_mode():
+        pooled = AutoModel.from_pretrained(str(directory)).eval()(**encoded).last_hidden_state[0].mean(dim=0)
+    live = serve({"models": [{"name": "nomic", "source": str(directory)}]})
+    with live.client() as client:
+        answer = client.post("/v1/embeddings", json={"model": "nomic", "input": [text]})
+        assert answer.status_code == 200, answer.text
+        assert client.get("/v1/models/nomic").json()["max_length"] == 8192
+    np.testing.assert_allclose(answer.json()["data"][0]["embedding"], (pooled / pooled.norm()).numpy(), atol=1e-4)
 
 
 def test_nomic_by_its_id_runs_transformers_native_port_and_says_so(
