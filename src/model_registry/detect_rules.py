@@ -125,6 +125,22 @@ _MEDIA_ARCHITECTURES = {
 }
 
 
+def _vision_language(facts: Facts) -> bool:
+    """A model with a vision tower that no media family here serves (Qwen3-VL, Qwen2.5-VL, ...)."""
+    served = facts.model_type in _MEDIA_TYPES or any(a in _MEDIA_ARCHITECTURES for a in facts.architectures)
+    return not served and isinstance(facts.config.get("vision_config"), dict)
+
+
+def _vision_language_message(facts: Facts) -> str:
+    what = ", ".join(facts.architectures) or facts.model_type
+    return (
+        f"{facts.root} holds a vision-language model ({what}, model_type {facts.model_type}), which this server "
+        "does not serve: read as a text model it would answer other vectors and scores than the model's. Its "
+        "reference code (such as the Qwen3-VL-Embedding and -Reranker repositories') or vLLM's pooling runner "
+        "serves it. The image-text families served here are CLIP, SigLIP, SigLIP 2, CLAP, ColPali and ColQwen2"
+    )
+
+
 def _sequence_classification(facts: Facts) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in facts.architectures)
 
@@ -231,6 +247,13 @@ RULES: tuple[Rule, ...] = (
         lambda f: not f.config and f.kind != Kind.FAKE,
         "refused: not a transformers model directory",
         refusal=lambda f: f"no config.json in {f.transformer_dir}: not a transformers model directory",
+    ),
+    Rule(
+        "vision-language",
+        "layout",
+        _vision_language,
+        "refused: a vision-language model (a `vision_config`) of no family served here, whatever its `kind:`",
+        refusal=_vision_language_message,
     ),
     Rule(
         "jina-hf-adapters",

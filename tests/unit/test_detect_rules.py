@@ -41,6 +41,10 @@ JINA = {
 JINA_HF = {"model_type": "jina_embeddings_v3", "architectures": ["JinaEmbeddingsV3Model"]}
 
 
+#: Qwen3-VL-Embedding's config.json, as far as detection reads it.
+QWEN3_VL = {"model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"], "vision_config": {}}
+
+
 def labels(count: int) -> dict[str, Any]:
     names = {str(i): f"LABEL_{i}" for i in range(count)}
     return {"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": names}
@@ -66,6 +70,10 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"open_clip_config.json": {"model_cfg": {}}, "config.json": BERT}),
     ),
     "no-config": (Case({"tokenizer.json": {}}), Case({"config.json": BERT})),
+    "vision-language": (
+        Case({"config.json": QWEN3_VL, **POOLED}, {"kind": "dense"}),
+        Case({"config.json": {**QWEN3_VL, "model_type": "siglip", "architectures": ["SiglipModel"]}}),
+    ),
     "jina-hf-adapters": (
         Case({"config.json": JINA_HF, "retrieval.query/adapter_config.json": {"peft_type": "LORA"}}),
         Case({"config.json": JINA_HF, "1_Pooling/config.json": {"pooling_mode_mean_tokens": True}}),
