@@ -174,6 +174,11 @@ def ranking(
     return Ranking(tuple(ranked), method, tokens)
 
 
+#: The largest weight a request may give an output: scores stay finite, and the weights' ratios,
+#: which are all that ranks, reach a million to one.
+MAX_WEIGHT = 1000.0
+
+
 def hybrid_weights(
     capabilities: frozenset[Capability],
     name: str,
@@ -192,8 +197,8 @@ def hybrid_weights(
     weights = {out: float(base.get(out, 0.0)) for out in Output if out in has}
     for key, value in (asked or {}).items():
         out = Output(key)
-        if value is not None and value < 0:
-            raise InvalidInput(f"weights.{key} must be 0 or more, got {value}", param="weights")
+        if value is not None and not 0 <= value <= MAX_WEIGHT:
+            raise InvalidInput(f"weights.{key} must be from 0 to {MAX_WEIGHT:g}, got {value}", param="weights")
         if value is not None and out not in has and value != 0:
             raise UnsupportedOperation(f"the model '{name}' has no {key} output to weigh", param="weights")
         if value is not None and out in has:
@@ -219,6 +224,8 @@ def hybrid_scores(
             ):
                 part[out.value] = score
     fused = [sum(weights[Output(k)] * v for k, v in part.items()) for part in parts]
+    if not all(math.isfinite(score) for score in fused):  # never answered, never sorted first
+        raise not_finite("the weighted sum of a document's scores is")
     return fused, parts
 
 

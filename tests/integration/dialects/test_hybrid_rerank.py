@@ -4,6 +4,7 @@ error shape."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,6 +102,7 @@ def test_weights_without_return_parts_rank_without_parts(m3_server: LiveServer, 
 
 BAD: dict[str, tuple[str, dict[str, Any]]] = {
     "negative": ("m3", {"weights": {"sparse": -0.5}}),
+    "huge": ("m3", {"weights": {"dense": 1e308, "sparse": 1e308, "multivector": 1e308}}),
     "all zero": ("m3", {"weights": {"dense": 0, "sparse": 0, "multivector": 0}}),
     "unknown part": ("m3", {"weights": {"colbert": 1}}),
     "one output": ("fake", {"weights": {}}),
@@ -130,9 +132,19 @@ def test_the_infinity_route_refuses_negative_and_all_zero_weights(m3_server: Liv
     negative = infinity_rerank(m3_server, weights={"sparse": -0.5})
     zero = infinity_rerank(m3_server, weights={"dense": 0, "sparse": 0, "multivector": 0})
     assert negative.status_code == 400
-    assert negative.json()["error"]["message"] == "weights.sparse must be 0 or more, got -0.5"
+    assert negative.json()["error"]["message"] == "weights.sparse must be from 0 to 1000, got -0.5"
     assert zero.status_code == 400
     assert "all 0" in zero.json()["error"]["message"]
+
+
+def test_weights_that_would_overflow_the_sum_are_refused_not_ranked_first(m3_server: LiveServer) -> None:
+    """1e308 each: the weighted sums overflow to infinity; a score is finite or never answered."""
+    huge = infinity_rerank(m3_server, weights={"dense": 1e308, "sparse": 1e308, "multivector": 1e308})
+    assert huge.status_code == 400, huge.text
+    assert huge.json()["error"]["message"] == "weights.dense must be from 0 to 1000, got 1e+308"
+    at_bound = infinity_rerank(m3_server, weights={"dense": 1000, "sparse": 1000, "multivector": 1000})
+    assert at_bound.status_code == 200, at_bound.text
+    assert all(math.isfinite(r["relevance_score"]) for r in at_bound.json()["results"])
 
 
 def test_the_cohere_sdk_reads_a_hybrid_answer(m3_server: LiveServer) -> None:

@@ -130,7 +130,7 @@ def test_an_entry_s_rerank_weights_are_its_defaults_under_the_request_s() -> Non
     assert hybrid_weights(two, "m", {"sparse": 0}, None) == {Output.DENSE: 0.4, Output.MULTIVECTOR: 0.4}
     with pytest.raises(UnsupportedOperation, match="no sparse output"):
         hybrid_weights(two, "m", {"sparse": 1}, None)
-    with pytest.raises(InvalidInput, match=r"weights\.dense must be 0 or more, got -1"):
+    with pytest.raises(InvalidInput, match=r"weights\.dense must be from 0 to 1000, got -1"):
         hybrid_weights(every, "m3", {"dense": -1}, None)
     with pytest.raises(InvalidInput, match=r"\(dense: 0, multivector: 0\) are all 0"):
         hybrid_weights(two, "m", {"dense": 0, "multivector": 0.0}, None)
