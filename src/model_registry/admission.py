@@ -77,7 +77,8 @@ def _item_price(item: Item, max_length: int | None) -> int:
         tokens = len(content.ids) if isinstance(content, TokenIds) else _tokens(len(item.prompt) + len(content.text))
         truncate = item.truncate
     elif isinstance(item, PairItem):
-        tokens, truncate = _tokens(len(item.query) + len(item.document)), item.truncate
+        tokens = _tokens(len(item.query) + len(item.document) + len(item.instruction or ""))
+        truncate = item.truncate
     elif isinstance(item, ClassifyItem):
         tokens, truncate = _tokens(len(item.text) + len(item.pair or "")), item.truncate
     else:

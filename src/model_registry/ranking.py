@@ -289,6 +289,7 @@ async def rerank(
     """
     spec, limits = registry.spec(model), registry.config
     docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars, top_n)
+    validation.check_instruction_length(instruction, limits.max_input_chars)
     adapter = await registry.adapter(model)
     method = rerank_method(adapter.capabilities, model, adapter.similarity if similarity is None else similarity)
     validation.check_instruction(adapter, model, instruction)

@@ -108,6 +108,16 @@ def require(model: str, adapter: Adapter, capability: Capability, verb: str) -> 
         raise UnsupportedOperation(f"the model '{model}' cannot {verb}; its capabilities are: {have}", param="model")
 
 
+def check_instruction_length(instruction: str | None, max_chars: int) -> None:
+    """An instruction is held to the limit of any text a request carries (`max_input_chars`)."""
+    if instruction is not None and len(instruction) > max_chars:
+        raise InvalidInput(
+            f"the instruction has {len(instruction)} characters, more than the server's limit of {max_chars} "
+            "(max_input_chars)",
+            param="instruction",
+        )
+
+
 def check_instruction(adapter: Adapter, model: str, instruction: str | None) -> None:
     if instruction is not None and not adapter.rerank_instructions:
         raise UnsupportedOperation(

@@ -350,3 +350,25 @@ def test_qwen3_embedding_with_its_modules_is_still_a_dense_embedder(serve: Any, 
     assert answer.status_code == 200, answer.text
     got = np.asarray([row["embedding"] for row in answer.json()["data"]])
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_an_instruction_is_held_to_max_input_chars_and_priced(serve: Any, qwen3_dir: Path) -> None:
+    """An instruction is a text like any other: over `max_input_chars` a 400 before any work, and
+    counted in the pair's price, so a long one is tokenized off the event loop."""
+    from model_registry.admission import price, tokenizing_price
+    from model_registry.types import PairItem
+    from model_registry.worker import INLINE_COST
+
+    live = serve({"max_input_chars": 2000, "models": [entry(qwen3_dir)]})
+    body = {"model": "llm", "query": QUERY, "documents": DOCUMENTS[:2]}
+    with live.client() as client:
+        refused = client.post("/rerank", json={**body, "instruction": "pets " * 401})
+        near = client.post("/rerank", json={**body, "instruction": "pets " * 399})
+        assert client.get("/health").status_code == 200
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "instruction"
+    assert "max_input_chars" in refused.json()["error"]["message"]
+    assert near.status_code == 200, near.text
+    plain, instructed = PairItem("q", "d"), PairItem("q", "d", instruction="pets " * 400)
+    assert price([instructed], None) >= price([plain], None) + 2000 // 4
+    assert tokenizing_price([instructed]) > INLINE_COST
