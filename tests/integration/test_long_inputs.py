@@ -172,3 +172,36 @@ def test_late_refuses_over_long_texts_and_other_poolings(
     refused = post(server, "/v1/embeddings", {**body, "model": "cls", "input": ["A short text."]})
     assert refused.status_code == 400, refused.text
     assert "only mean-pooled models" in refused.json()["error"]["message"]
+
+
+def test_a_flood_of_spans_is_refused_by_count_while_health_answers(serve: Callable[..., LiveServer]) -> None:
+    """15 MB of spans: counted before any is validated, the body parsed off the event loop."""
+    import threading
+    import time
+
+    import orjson
+
+    server = serve({"models": [MODEL]})
+    spans = [[[0, 1]] * 2_000_000]
+    body = {"model": "minilm", "input": ["A short text."], "long_inputs": "late", "spans": spans}
+    payload = orjson.dumps(body)
+    assert len(payload) > 10_000_000
+    answers: list[Any] = []
+
+    def flood() -> None:
+        with server.client() as client:
+            headers = {"content-type": "application/json"}
+            answers.append(client.post("/v1/embeddings", content=payload, headers=headers))
+
+    attacker = threading.Thread(target=flood)
+    waits = []
+    with server.client() as client:
+        attacker.start()
+        while attacker.is_alive():
+            started = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            waits.append(time.perf_counter() - started)
+        attacker.join()
+    assert answers[0].status_code == 400, answers[0].text
+    assert "more than 256 spans" in answers[0].json()["error"]["message"]
+    assert max(waits) < 0.5, f"/health waited {max(waits):.2f} s during the flood"

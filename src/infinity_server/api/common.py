@@ -86,18 +86,37 @@ def model_for(request: Request, asked: str | None, family: str) -> str:
     )
 
 
+#: A body up to this size is parsed and validated on the event loop (well under a millisecond); a
+#: larger one on a thread, so that no body stalls the other requests while it is read.
+_ON_LOOP_BYTES = 64 * 1024
+
+
 async def parse_body(request: Request, model: type[M], data: dict[str, Any] | None = None) -> M:
     """The JSON body (or `data`, already read from it) validated into `model`: malformed JSON or a
     wrong shape is a 422. Every body is validated here, so this is the one place where a priority
     is checked: one above the default without the right to raise it is a 403, before anything else."""
     data = await read_object(request) if data is None else data
+    _count_spans(request, data)
     if model.model_family is not None and data.get("model") in (None, NOT_SPECIFIED):
         data = {**data, "model": model_for(request, None, model.model_family)}
     if "priority" in model.model_fields:
         asked = data.get("priority")
         if isinstance(asked, int) and not isinstance(asked, bool):
             check_priority(request, asked, lower_first=model.lower_priority_first)
-    return model.model_validate(data)
+    if getattr(request.state, "body_bytes", 0) <= _ON_LOOP_BYTES:
+        return model.model_validate(data)
+    return await asyncio.to_thread(model.model_validate, data)
+
+
+def _count_spans(request: Request, data: dict[str, Any]) -> None:
+    """Late chunking's span lists, counted before they are validated: each span is a Python object
+    to validate, and 15 MB of them take seconds; the request's limit decides at a glance."""
+    spans = data.get("spans")
+    if not isinstance(spans, list):
+        return
+    limit = registry_of(request).config.max_chunks_per_request
+    if sum(len(s) if isinstance(s, list) else 1 for s in spans) > limit:
+        raise InvalidInput(f"the request has more than {limit} spans (max_chunks_per_request)", param="spans")
 
 
 def check_priority(request: Request, asked: int, *, lower_first: bool = False) -> None:
@@ -121,10 +140,11 @@ def check_priority(request: Request, asked: int, *, lower_first: bool = False) -
 async def read_object(request: Request) -> dict[str, Any]:
     """The JSON object in the body; an empty body, malformed JSON or another JSON value is a 422."""
     body = await request.body()
+    request.state.body_bytes = len(body)
     if not body:
         raise HTTPError(422, "the request body is empty; a JSON object is expected", code="invalid_body")
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(body) if len(body) <= _ON_LOOP_BYTES else await asyncio.to_thread(orjson.loads, body)
     except orjson.JSONDecodeError as error:
         raise HTTPError(422, f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
