@@ -178,6 +178,35 @@ def test_a_line_answers_byte_for_byte_as_the_interactive_route(serve: Any, tmp_p
     np.testing.assert_allclose(vector, fake_vector("four five", 8), atol=1e-6)
 
 
+def test_a_line_in_a_lower_first_dialect_runs_lowest_not_first(serve: Any, tmp_path: Path, connect: Connect) -> None:
+    """vLLM's rerank shape runs lower `priority` numbers first: the line's priority is set in the
+    engine's own terms, never through the dialect's sign, and always the lowest class."""
+    from infinity_server.batches.lines import LOWEST_PRIORITY
+    from model_registry import Registry
+
+    seen: list[int | None] = []
+    rank = Registry.rerank
+
+    async def spying(self: Registry, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("priority"))
+        return await rank(self, *args, **kwargs)
+
+    server = serve({"models": [FAKE]}, batch_dir=str(tmp_path), access_log=False)
+    vllm = {"model": "fake", "query": "a", "documents": ["b", "c"], "truncate_prompt_tokens": -1}
+    rows = [line("vllm", vllm, "/rerank"), line("asks-first", {**vllm, "priority": -5}, "/rerank")]
+    with pytest.MonkeyPatch.context() as patch, connect(server.url) as client, server.client() as http:
+        patch.setattr(Registry, "rerank", spying)
+        answers = answers_of(client, submit(client, rows, "/rerank"))
+        interactive = http.post("/rerank", json=vllm)
+    assert interactive.status_code == 200, interactive.text
+    fresh = ("id", "created")
+    expected = {k: v for k, v in interactive.json().items() if k not in fresh}
+    assert "document" in expected["results"][0]  # vLLM's shape: each result carries its document
+    for name in ("vllm", "asks-first"):
+        assert {k: v for k, v in orjson.loads(answers[name]).items() if k not in fresh} == expected, name
+    assert seen[:2] == [LOWEST_PRIORITY, LOWEST_PRIORITY]
+
+
 def fresh_ids_aside(body: bytes) -> bytes:
     """A rerank or classify answer without its fresh `id` and `created` (each answer has its own)."""
     data = orjson.loads(body)

@@ -86,6 +86,9 @@ def model_for(request: Request, asked: str | None, family: str) -> str:
     )
 
 
+#: The request state's key for a priority set by the server in the engine's own terms (a batch
+#: line's), which replaces whatever the body's dialect says.
+ENGINE_PRIORITY = "engine_priority"
 #: A body up to this size is parsed and validated on the event loop (well under a millisecond); a
 #: larger one on a thread, so that no body stalls the other requests while it is read.
 _ON_LOOP_BYTES = 64 * 1024
@@ -104,8 +107,13 @@ async def parse_body(request: Request, model: type[M], data: dict[str, Any] | No
         if isinstance(asked, int) and not isinstance(asked, bool):
             check_priority(request, asked, lower_first=model.lower_priority_first)
     if getattr(request.state, "body_bytes", 0) <= _ON_LOOP_BYTES:
-        return model.model_validate(data)
-    return await asyncio.to_thread(model.model_validate, data)
+        parsed = model.model_validate(data)
+    else:
+        parsed = await asyncio.to_thread(model.model_validate, data)
+    forced = request.scope.get("state", {}).get(ENGINE_PRIORITY)
+    if forced is not None and "priority" in model.model_fields:
+        parsed = parsed.model_copy(update={"priority": forced})
+    return parsed
 
 
 def _count_spans(request: Request, data: dict[str, Any]) -> None:

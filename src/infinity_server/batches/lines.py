@@ -18,11 +18,13 @@ from starlette.applications import Starlette
 from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.types import Message, Scope
 
+from infinity_server.api.common import ENGINE_PRIORITY
 from infinity_server.batches.store import LineResult
 from infinity_server.errors import error_response, shape_of, to_response
 from infinity_server.routing import operations_of
 
-#: Every line's priority: the lowest class, below any interactive request.
+#: Every line's priority, in the engine's terms (higher runs first): the lowest class, below any
+#: interactive request.
 LOWEST_PRIORITY = -100
 
 
@@ -67,7 +69,9 @@ def parse(number: int, raw: bytes, endpoint: str, endpoints: Sequence[str], max_
     problem = _problem(data, endpoint, endpoints)
     if problem is not None:
         return failed(number, custom_id, f"line {number}: {problem[0]}", problem[1])
-    body = {**data["body"], "priority": LOWEST_PRIORITY}
+    # The line's own priority is dropped, whatever its dialect's sign: the dispatch sets the
+    # engine's priority (LOWEST_PRIORITY) beside the body.
+    body = {k: v for k, v in data["body"].items() if k != "priority"}
     return Line(number, custom_id, endpoint, orjson.dumps(body))
 
 
@@ -127,7 +131,12 @@ class Dispatch:
         self.max_body: int = app.state.settings.server.max_body_bytes
 
     async def __call__(self, line: Line, owner: str, request_id: str) -> Answer:
-        state = {"scopes": frozenset({"inference"}), "key_name": owner or None, "request_id": request_id}
+        state = {
+            "scopes": frozenset({"inference"}),
+            "key_name": owner or None,
+            "request_id": request_id,
+            ENGINE_PRIORITY: LOWEST_PRIORITY,
+        }
         scope: Scope = {
             **_SCOPE,
             "path": line.url,
