@@ -120,6 +120,20 @@ def test_remote_file_over_the_byte_limit(trusting: LiveServer, files: tuple[str,
         assert_healthy(client)
 
 
+def test_media_no_wait_would_admit_are_a_400_not_a_429(models: dict[str, Path], files: tuple[str, list[str]]) -> None:
+    """Two 173 KB photos against 300,000 bytes held at once for all requests: a retry never fits
+    them, so the answer is no 429 (which a batch line or a client would retry for ever)."""
+    base, _ = files
+    photo = f"{base}/{PHOTO}"
+    allowed: dict[str, Any] = {"media_allowed_hosts": ("127.0.0.1",), "media_max_bytes_in_flight": 300_000}
+    with media_server(models, **allowed) as live, live.client() as client:
+        one = client.post("/embeddings_image", json={"model": "clip", "input": [photo]})
+        two = client.post("/embeddings_image", json={"model": "clip", "input": [photo, photo]})
+        assert one.status_code == 200, one.text
+        assert_refused(two, 400, "more than the server holds for all requests at once (300,000")
+        assert_healthy(client)
+
+
 def test_decompression_bomb(strict: httpx.Client) -> None:
     bomb = one_colour_png(20_000)
     files = [("file", ("bomb.png", bomb, "image/png"))]

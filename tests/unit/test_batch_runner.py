@@ -1,5 +1,6 @@
-"""A batch line's retries, driven by a scripted route: 429 waits as told and runs again however often
-it comes; 503 and 504 run again four times, backing off 2, 4, 8 and 16 s unless told otherwise."""
+"""A batch line's retries, driven by a scripted route: 429 waits as told (else backs off 1, 2, 4 ...
+30 s) and runs again up to `OVERLOADED_RETRIES` times; 503 and 504 run again four times, backing off
+2, 4, 8 and 16 s unless told otherwise."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from infinity_server.batches.lines import Answer, Line
-from infinity_server.batches.runner import RETRIES, Runner
+from infinity_server.batches.runner import OVERLOADED_RETRIES, RETRIES, Runner
 from infinity_server.batches.store import JobRecord, LineResult
 
 LINE = Line(7, "request-7", "/v1/embeddings", b'{"model": "m", "input": ["a"]}')
@@ -54,7 +55,7 @@ async def test_a_429_waits_as_told_and_never_uses_up_the_retries(waits: list[flo
     script = Script(*[Answer(429, b"{}", 2.5)] * 6, Answer(429, b"{}"), ok())
     result = await answer(script)
     assert (result.line, result.custom_id, result.status, result.body) == (7, "request-7", 200, b'{"data": []}')
-    assert waits == [2.5] * 6 + [1.0]  # no Retry-After: a second
+    assert waits == [2.5] * 6 + [30.0]  # no Retry-After: the back-off of a seventh refusal, at most 30 s
     assert len(script.calls) == 8
     assert {owner for owner, _ in script.calls} == {"key-a"}
     assert len({ident for _, ident in script.calls}) == 1  # every try is the same line
@@ -89,3 +90,15 @@ async def test_other_answers_stand_at_once(waits: list[float], status: int) -> N
     assert (await answer(script)).status == status
     assert waits == []
     assert len(script.calls) == 1
+
+
+async def test_429s_back_off_and_stand_after_their_bound(waits: list[float]) -> None:
+    """A line refused for load again and again (a server too busy for it) ends with its 429."""
+    assert OVERLOADED_RETRIES == 128
+    busy = b'{"error": {"message": "over capacity"}}'
+    script = Script(*[Answer(429, busy)] * (OVERLOADED_RETRIES + 1), ok())
+    result = await answer(script)
+    assert (result.status, result.body) == (429, busy)
+    assert len(script.calls) == OVERLOADED_RETRIES + 1
+    assert waits[:6] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
+    assert set(waits[5:]) == {30.0}

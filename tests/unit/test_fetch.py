@@ -363,6 +363,23 @@ def test_bytes_held_are_bounded_server_wide_and_released() -> None:
     assert gate.held == 0
 
 
+def test_media_that_could_never_fit_the_budget_are_a_400_not_a_429() -> None:
+    """Three 600-byte images against a budget of 1,000 held at once: no wait would admit them."""
+    from infinity_server.fetch.limits import FetchGate
+    from model_registry.errors import InvalidInput
+
+    recorder = Recorder({f"{PUBLIC}/a.png": httpx.Response(200, content=b"x" * 600)})
+    gate = FetchGate(max_fetches=8, max_bytes_in_flight=1000)
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return [PUBLIC]
+
+    f = MediaFetcher(FetchPolicy(), gate=gate, resolver=resolver, transport=httpx.MockTransport(recorder))
+    with pytest.raises(InvalidInput, match=r"more than the server holds for all requests at once \(1,000"):
+        asyncio.run(f.load_all(["http://photos.example/a.png"] * 3, Modality.IMAGE))
+    assert gate.held == 0
+
+
 def test_compressed_responses_are_limited_by_their_decompressed_size() -> None:
     import gzip
     import zlib

@@ -2,8 +2,9 @@
 
 A line counts as done when its result is stored (`Store.record`); a job resumed after a restart
 skips every line whose result is stored and runs the others, so no line is lost and none is
-answered twice. A line refused for load (429) waits as told and runs again; one that met a
-model unavailable or a deadline (503, 504) runs again a few times before its answer stands.
+answered twice. A line refused for load (429) waits as told (else a doubling back-off) and runs
+again, up to `OVERLOADED_RETRIES` times; one that met a model unavailable or a deadline (503,
+504) runs again a few times before its answer stands.
 
 A line whose result would take the batch files past `server.batch_max_disk_bytes` is not stored:
 its job stops there (its lines in flight dropped), writes the result files of the lines stored,
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 Settled = Callable[[], bool]
 #: Tries of a line answered 503 or 504 before that answer stands.
 RETRIES = 4
+#: Tries of a line refused for load (429) before that answer stands: with the back-off's 30 s
+#: between the later ones, about an hour of a server too busy for it.
+OVERLOADED_RETRIES = 128
 _CHUNK_LINES = 64
 
 
@@ -193,14 +197,16 @@ class Runner:
             self.metrics.line(result.status)
 
     async def _answer(self, job: JobRecord, line: Line) -> LineResult:
-        failures = 0
+        failures = refusals = 0
         while True:
             answer = await self.dispatch(line, job.owner, line_id(job.id, line.number))
-            retry = answer.status == 429 or (answer.status in (503, 504) and failures < RETRIES)
-            if not retry:
+            overloaded = answer.status == 429 and refusals < OVERLOADED_RETRIES
+            if not overloaded and not (answer.status in (503, 504) and failures < RETRIES):
                 return LineResult(line.number, line.custom_id, answer.status, answer.body)
-            failures += answer.status != 429
-            await asyncio.sleep(answer.retry_after or min(30.0, 2.0**failures))
+            failures += not overloaded
+            refusals += overloaded
+            backoff = 2.0 ** (refusals - 1) if overloaded else 2.0**failures
+            await asyncio.sleep(answer.retry_after or min(30.0, backoff))
 
     def _write_outputs(self, job_id: str) -> dict[str, FileRecord | None]:
         """The job's output and error files from its stored results (on the store's thread)."""

@@ -3,7 +3,8 @@
 - `FetchGate` is one per server: at most `max_fetches` URLs are being fetched at once, and at most
   `max_bytes_in_flight` fetched bytes are held at once, from the first byte read until the request
   that fetched them is answered. A request that would pass the byte bound is refused with 429
-  (`Overloaded`) instead of waiting, so a few large fetches cannot wedge the others.
+  (`Overloaded`) instead of waiting, so a few large fetches cannot wedge the others; one whose own
+  media pass the whole bound, which no wait would let in, with 400.
 - `BoundedDecoder` undoes a `Content-Encoding` (gzip, deflate) chunk by chunk and stops as soon as
   the decompressed bytes pass the limit: a 10 KB response that inflates to 10 GB costs at most the
   limit plus one chunk, never the whole expansion.
@@ -48,6 +49,13 @@ class Holding:
         self.gate, self.count = gate, 0
 
     def take(self, count: int) -> None:
+        if self.count + count > self.gate.max_bytes_in_flight:  # no retry would ever fit it: not a 429
+            raise InvalidInput(
+                f"this request's media pass {self.count + count:,} bytes, more than the server holds for all "
+                f"requests at once ({self.gate.max_bytes_in_flight:,}, server.media_max_bytes_in_flight); "
+                "send fewer or smaller media per request",
+                param="input",
+            )
         self.gate.take(count)
         self.count += count
 
