@@ -108,6 +108,8 @@ class ServerSettings(BaseModel):
     # Lines of the running job in flight at once, at the lowest priority: two keep the engine busy
     # (one runs while the next is queued) and its batches about one line large.
     batch_concurrency: int = Field(default=2, ge=1, le=256)
+    # Jobs running at once, at most one per key, so that one key's jobs never hold another key's.
+    batch_running_jobs: int = Field(default=4, ge=1, le=64)
 
     @field_validator("media_allowed_hosts", mode="before")
     @classmethod

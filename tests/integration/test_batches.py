@@ -246,6 +246,23 @@ def test_rerank_and_encode_lines_run_through_their_routes(serve: Any, tmp_path: 
     assert orjson.dumps(got_encode["usage"]) == orjson.dumps(expected_encode["usage"])
 
 
+def test_one_keys_long_job_never_holds_another_keys(serve: Any, tmp_path: Path, connect: Connect) -> None:
+    """Alice's job of slow lines runs for seconds; Bob's one-line job, submitted after it, runs beside
+    it and ends first. Two jobs of one key still run one after the other, oldest first."""
+    keys = [{"name": name, "key": f"{name}-secret", "scopes": ["inference"]} for name in ("alice", "bob")]
+    server = serve({"models": [FAKE, SLOW]}, batch_dir=str(tmp_path), api_keys=keys, access_log=False)
+    alice, bob = connect(server.url, "alice-secret"), connect(server.url, "bob-secret")
+    long = submit(alice, embed_lines(120, "slow"))
+    eventually(lambda: alice.batches.retrieve(long.id).status, lambda status: status == "in_progress")
+    second = submit(alice, embed_lines(1))
+    quick = finished(bob, submit(bob, embed_lines(1)).id)
+    assert quick.status == "completed"
+    assert alice.batches.retrieve(long.id).status == "in_progress"
+    assert alice.batches.retrieve(second.id).status == "validating"  # behind alice's own first job
+    assert finished(alice, long.id, limit=60).status == "completed"
+    assert finished(alice, second.id).status == "completed"
+
+
 def test_files_and_jobs_belong_to_the_key_that_made_them(serve: Any, tmp_path: Path, connect: Connect) -> None:
     keys = [{"name": name, "key": f"{name}-secret", "scopes": ["inference"]} for name in ("alice", "bob")]
     server = serve({"models": [FAKE]}, batch_dir=str(tmp_path), api_keys=keys, access_log=False)

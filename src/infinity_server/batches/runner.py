@@ -1,4 +1,4 @@
-"""The background runner: jobs oldest first, one at a time, a few of its lines at once.
+"""The background runner: jobs oldest first, a few at once but one per key, a few lines of each at once.
 
 A line counts as done when its result is stored (`Store.record`); a job resumed after a restart
 skips every line whose result is stored and runs the others, so no line is lost and none is
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -76,6 +77,8 @@ class Runner:
         self._full: dict[str, StorageFull] = {}
         self._lines: dict[str, set[asyncio.Future[None]]] = {}
         self._task: asyncio.Task[None] | None = None
+        #: Jobs running at once, each of another key (`server.batch_running_jobs`).
+        self.running_jobs = 1
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run_jobs())
@@ -108,22 +111,38 @@ class Runner:
         # Pinned models still loading would answer the first lines 503; the registry says so by a flag.
         while not self.settled():  # noqa: ASYNC110
             await asyncio.sleep(0.1)
-        while True:
-            self._wake.clear()
-            job = await self.store.call(self.store.next_job)
-            if job is None:
-                await self._wake.wait()
-                continue
-            try:
-                await self._run(job)
-            except Exception as error:  # a job that cannot go on must not stop the others
-                log.exception("batch %s failed", job.id)
-                message = f"the server could not run this batch: {type(error).__name__}: {error}"
-                await self.store.call(self.store.fail, job.id, message)
-            finally:
-                self._cancelled.discard(job.id)
-                self._full.pop(job.id, None)
-            await self.metrics.refresh(self.store)
+        running: dict[str, asyncio.Task[None]] = {}  # by owner: one job per key at a time
+        try:
+            while True:
+                self._wake.clear()
+                job = None
+                if len(running) < self.running_jobs:
+                    job = await self.store.call(self.store.next_job, tuple(running))
+                if job is None:
+                    await self._wake.wait()  # a new job, a cancel, or a running job's end
+                    continue
+                running[job.owner] = asyncio.ensure_future(self._run_one(job))
+                running[job.owner].add_done_callback(functools.partial(self._ended, running, job.owner))
+        finally:
+            for task in running.values():
+                task.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
+
+    def _ended(self, running: dict[str, asyncio.Task[None]], owner: str, _: object) -> None:
+        running.pop(owner, None)
+        self._wake.set()
+
+    async def _run_one(self, job: JobRecord) -> None:
+        try:
+            await self._run(job)
+        except Exception as error:  # a job that cannot go on must not stop the others
+            log.exception("batch %s failed", job.id)
+            message = f"the server could not run this batch: {type(error).__name__}: {error}"
+            await self.store.call(self.store.fail, job.id, message)
+        finally:
+            self._cancelled.discard(job.id)
+            self._full.pop(job.id, None)
+        await self.metrics.refresh(self.store)
 
     async def _run(self, job: JobRecord) -> None:
         if job.status == "validating":

@@ -58,6 +58,7 @@ class Batches:
         dispatch = Dispatch(app)
         self.endpoints = dispatch.endpoints
         runner = Runner(store, folder, dispatch, concurrency, self.metrics, lambda: registry.pinned_tried)
+        runner.running_jobs = self.settings.batch_running_jobs
         runner.start()
         self._parts = (store, folder, runner)
 

@@ -20,7 +20,7 @@ import functools
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,9 +237,11 @@ class Store:
             JobRecord(**row) for row in self._page("SELECT * FROM jobs WHERE owner = ?", (owner,), "jobs", after, limit)
         ]
 
-    def next_job(self) -> JobRecord | None:
-        """The oldest job not yet finished."""
-        row = self._db.execute(f"SELECT * FROM jobs WHERE status IN {_ACTIVE_SQL} ORDER BY rowid LIMIT 1").fetchone()
+    def next_job(self, busy: Collection[str] = ()) -> JobRecord | None:
+        """The oldest job not yet finished of an owner not in `busy` (owners with a job running)."""
+        others = f" AND owner NOT IN ({', '.join('?' * len(busy))})" if busy else ""
+        query = f"SELECT * FROM jobs WHERE status IN {_ACTIVE_SQL}{others} ORDER BY rowid LIMIT 1"
+        row = self._db.execute(query, tuple(busy)).fetchone()
         return None if row is None else JobRecord(**row)
 
     def set_status(self, ident: str, status: str, *, only_from: tuple[str, ...] = ACTIVE, **fields: Any) -> JobRecord:
