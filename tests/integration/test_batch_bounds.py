@@ -68,13 +68,14 @@ def test_a_job_whose_results_would_pass_the_disk_budget_stops_failed_within_it(s
 
 
 def test_a_job_whose_results_cannot_fit_is_refused_at_creation(serve: Any, tmp_path: Path) -> None:
-    server = serve({"models": [FAKE]}, batch_dir=str(tmp_path), batch_max_disk_bytes=2048, access_log=False)
+    # The upload's body (~2.2 KB with its multipart framing) is held while it is read, then its file.
+    server = serve({"models": [FAKE]}, batch_dir=str(tmp_path), batch_max_disk_bytes=2400, access_log=False)
     rows = [line(f"s{i}", {"model": "fake", "input": "a"}) for i in range(20)]  # ~1.9 KB
     with server.client() as http:
         uploaded = upload(http, jsonl(rows))
         assert uploaded.status_code == 200, uploaded.text
         job = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
-        # Every result line is over 100 bytes: 20 of them cannot fit in the ~150 bytes left.
+        # Every result line is over 100 bytes: 20 of them cannot fit in the ~500 bytes left.
         message = refusal(http.post("/v1/batches", json=job), 413, "storage_full")
         assert "batch_max_disk_bytes" in message
         assert "20 requests" in message
@@ -163,3 +164,45 @@ def test_a_line_larger_than_a_request_body_fails_alone_with_413(serve: Any, tmp_
         ]
         assert failed["response"]["status_code"] == 413
         assert "server.max_body_bytes" in failed["response"]["body"]["error"]["message"]
+
+
+def test_concurrent_uploads_never_take_the_folder_past_its_budget(serve: Any, tmp_path: Path) -> None:
+    """Each upload holds its declared size of the budget before a byte is read: eight uploads of
+    400 KB against 1 MB beside a 500 KB file are refused before they are written, not after."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    budget = 1_000_000
+    server = serve({"models": [FAKE]}, batch_dir=str(tmp_path), batch_max_disk_bytes=budget, access_log=False)
+    folder = tmp_path / "files"
+
+    def lines(size: int) -> bytes:
+        row = orjson.dumps(line("x", {"model": "fake", "input": ["a" * 900]})) + b"\n"
+        return b"".join(row.replace(b'"x"', b'"%d"' % i) for i in range(size // len(row)))
+
+    peak, stop = [0], threading.Event()
+
+    def size(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:  # removed between the listing and the look
+            return 0
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], sum(size(p) for p in folder.glob("*")))
+
+    with server.client() as http:
+        assert upload(http, lines(500_000)).status_code == 200
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(lambda _: upload(http, lines(400_000)), range(8)))
+        finally:
+            stop.set()
+            watcher.join()
+        assert files_bytes(http) <= budget
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] + [413] * 7, statuses
+    assert peak[0] <= budget, f"the folder held {peak[0]:,} bytes against a budget of {budget:,}"

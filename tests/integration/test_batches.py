@@ -300,7 +300,10 @@ def upload(http: httpx.Client, content: bytes) -> httpx.Response:
 
 
 def test_bounds_are_refused_before_any_work(serve: Any, tmp_path: Path) -> None:
-    limits = {"batch_max_file_bytes": 2048, "batch_max_requests": 3, "batch_max_disk_bytes": 1500}
+    # An upload holds its whole body (file and framing) of the disk budget while it is read: the
+    # 30-line file's 3.6 KB fit, to be refused for its size; two small files and one fill of ~1.5 KB
+    # fit, a second fill does not.
+    limits = {"batch_max_file_bytes": 2048, "batch_max_requests": 3, "batch_max_disk_bytes": 3800}
     server = serve({"models": [SLOW]}, batch_dir=str(tmp_path), batch_max_jobs_per_key=1, access_log=False, **limits)
     with server.client() as http:
         assert "batch_max_file_bytes" in refusal(upload(http, jsonl(embed_lines(30, "slow"))), 413, "file_too_large")
@@ -316,6 +319,7 @@ def test_bounds_are_refused_before_any_work(serve: Any, tmp_path: Path) -> None:
         first = upload(http, jsonl(embed_lines(3, "slow"))).json()
         second = upload(http, jsonl(embed_lines(3, "slow"))).json()
         fill = jsonl([line(f"r{i}", {"model": "slow", "input": ["x" * 400]}) for i in range(3)])
+        assert upload(http, fill).status_code == 200
         assert "batch_max_disk_bytes" in refusal(upload(http, fill), 413, "storage_full")
         job = {"input_file_id": first["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
         refusal(http.post("/v1/batches", json=job | {"endpoint": "/v1/chat/completions"}), 400, "invalid_endpoint")

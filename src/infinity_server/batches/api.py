@@ -113,6 +113,19 @@ async def upload_file(request: Request) -> Response:
     """multipart/form-data: `file` (JSONL) and `purpose` (batch)."""
     batches = batches_of(request)
     batches.running()  # a 404 while the API is off, before the body is read
+    async with batches.reservation(upload_size(request)) as reserved:
+        return await _upload(request, batches, reserved)
+
+
+def upload_size(request: Request) -> int:
+    """The most disk an upload may take: its declared length, else the largest upload allowed (the
+    body-limit middleware holds a body to either)."""
+    declared = request.headers.get("content-length", "")
+    largest = upload_limit(request.app.state.settings.server) or 0
+    return min(int(declared), largest) if declared.isascii() and declared.isdigit() else largest
+
+
+async def _upload(request: Request, batches: Batches, reserved: int) -> Response:
     form = await request.form(max_files=1, max_fields=_FORM_FIELDS, max_part_size=_FIELD_BYTES)
     try:
         if form.get("purpose") != "batch":
@@ -125,7 +138,7 @@ async def upload_file(request: Request) -> Response:
             raise HTTPError(
                 422, "the form field 'file' (the JSONL file of requests) is required", code="invalid_body", param="file"
             )
-        record = await batches.add_file(owner_of(request), upload.file, upload.filename or "batch.jsonl")
+        record = await batches.add_file(owner_of(request), upload.file, upload.filename or "batch.jsonl", reserved)
     finally:
         await form.close()
     return json_response(file_object(record))

@@ -7,8 +7,10 @@ a crash) resume at the next start from the lines whose results are stored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +80,25 @@ class Batches:
             raise HTTPError(503, "the batch API is starting or stopping; retry shortly", code="batches_unavailable")
         return self._parts
 
-    async def add_file(self, owner: str, source: Any, filename: str) -> FileRecord:
-        """Copy an upload in, checked against the limits, and record it."""
+    @contextlib.asynccontextmanager
+    async def reservation(self, size: int) -> AsyncIterator[int]:
+        """`size` bytes of the disk budget held for an upload while it is read and recorded (413
+        when they do not fit)."""
+        store, _, _ = self.running()
+        await store.call(store.reserve, size)
+        try:
+            yield size
+        finally:
+            await store.call(store.release, size)
+
+    async def add_file(self, owner: str, source: Any, filename: str, reserved: int = 0) -> FileRecord:
+        """Copy an upload in, checked against the limits, and record it (`reserved`: the bytes its
+        `reservation` holds)."""
         store, folder, _ = self.running()
         limits = Limits(self.settings.batch_max_file_bytes, self.settings.batch_max_requests)
         record = await asyncio.to_thread(folder.save, source, owner, filename, limits)
         try:
-            await store.call(store.add_file, record)
+            await store.call(store.add_file, record, reserved)
         except BaseException:
             folder.remove(record.id)
             raise

@@ -135,6 +135,8 @@ class Store:
 
     def __init__(self, connection: sqlite3.Connection, pool: ThreadPoolExecutor, disk_budget: int) -> None:
         self._db, self._pool, self.disk_budget = connection, pool, disk_budget
+        #: Bytes held for uploads being read (`reserve`), counted as used until they are recorded.
+        self.reserved = 0
 
     @classmethod
     def open(cls, path: Path, disk_budget: int) -> Store:
@@ -153,10 +155,19 @@ class Store:
 
     # ---- files ------------------------------------------------------------------------------
 
-    def add_file(self, record: FileRecord) -> None:
-        """Record an uploaded file whose bytes are in place; 413 when it does not fit in the disk
-        budget (the caller then removes the bytes)."""
-        self._check_room(record.bytes, f"this file has {record.bytes:,}")
+    def reserve(self, size: int) -> None:
+        """Hold `size` bytes of the disk budget for an upload before any of its bytes is read; 413
+        when they do not fit beside what is stored and held for other uploads."""
+        self._check_room(size, f"this upload may take {size:,}")
+        self.reserved += size
+
+    def release(self, size: int) -> None:
+        self.reserved -= size
+
+    def add_file(self, record: FileRecord, reserved: int = 0) -> None:
+        """Record an uploaded file whose bytes are in place, of which `reserved` bytes are held for
+        it already; 413 when it does not fit in the disk budget (the caller then removes the bytes)."""
+        self._check_room(record.bytes - reserved, f"this file has {record.bytes:,}")
         with self._db:
             self._db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", _row(record))
 
@@ -167,7 +178,7 @@ class Store:
         return int(self._db.execute(f"SELECT ({files}) + ({results})").fetchone()[0])
 
     def _check_room(self, size: int, what: str) -> None:
-        used = self.disk_used()
+        used = self.disk_used() + self.reserved
         if used + size > self.disk_budget:
             raise HTTPError(
                 413,
@@ -283,7 +294,7 @@ class Store:
             ).fetchone()
             if stored is not None:
                 return False
-            used = self.disk_used()
+            used = self.disk_used() + self.reserved
             if used + size > self.disk_budget:
                 raise StorageFull(result.line, size, used, self.disk_budget)
             self._db.execute(
