@@ -24,7 +24,7 @@ from model_registry.errors import (
 )
 from model_registry.handles import DeviceUsage, LifecycleEvent
 from model_registry.long_inputs import Span, sentences
-from model_registry.ranking import Ranking
+from model_registry.ranking import MAX_WEIGHT, Ranking
 from model_registry.registry import Registry
 from model_registry.sync import SyncRegistry
 from model_registry.types import (
@@ -46,6 +46,7 @@ from model_registry.types import (
 )
 
 __all__ = [
+    "MAX_WEIGHT",
     "BatchFailed",
     "Cancelled",
     "Capability",

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, StrictStr
 
-from infinity_server.schemas.common import Body
+from infinity_server.schemas.common import NAME_CHARS, Body, Name
 
 #: OpenAI's limits on a batch's metadata: pairs, and characters of a key and of a value.
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
@@ -20,11 +20,12 @@ JobStatus = Literal[
 class BatchCreateRequest(Body):
     """`POST /v1/batches`: the uploaded file of requests and the route every line goes to."""
 
-    input_file_id: StrictStr
+    input_file_id: Name
     endpoint: StrictStr = Field(
-        description="the route each line runs: OpenAI's or Infinity's embeddings, rerank, encode or classify"
+        max_length=NAME_CHARS,
+        description="the route each line runs: OpenAI's or Infinity's embeddings, rerank, encode or classify",
     )
-    completion_window: StrictStr = Field(description="24h, the only window accepted")
+    completion_window: StrictStr = Field(max_length=NAME_CHARS, description="24h, the only window accepted")
     # The limits are checked by the service (a 400 in OpenAI's shape, as OpenAI answers), not here
     # (a 422); they are declared for the API document.
     metadata: dict[StrictStr, StrictStr] | None = Field(

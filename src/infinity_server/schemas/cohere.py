@@ -8,13 +8,17 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
 from typing_extensions import NotRequired, TypedDict
 
-from infinity_server.schemas.common import Body, LowerFirstPriority, ModelOptions, at_least
+from infinity_server.schemas.common import MAX_COUNT, Body, Count, LowerFirstPriority, ModelOptions, Name, at_least
 from infinity_server.schemas.infinity import RerankWeights
 from infinity_server.schemas.responses import Vector
 from model_registry import InvalidInput
 
 #: The most characters of a client's field names an error quotes.
 _SHOWN = 64
+#: The most parts one v2 embed input may have (its texts are joined into one).
+CONTENT_PARTS = 256
+#: The most fields a v1 rerank may rank on.
+RANK_FIELDS = 64
 
 
 class CohereRerankRequest(ModelOptions):
@@ -27,10 +31,10 @@ class CohereRerankRequest(ModelOptions):
     priority: LowerFirstPriority = None
     query: StrictStr
     documents: list[Any]
-    top_n: StrictInt | None = Field(default=None, ge=1)
+    top_n: StrictInt | None = Field(default=None, ge=1, le=MAX_COUNT)
     return_documents: StrictBool | None = None
     # Each document is scored on its first tokens only (the answer keeps the whole text).
-    max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1)
+    max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1, le=MAX_COUNT)
     # Extensions.
     raw_scores: StrictBool = False
     instruction: StrictStr | None = None  # an LLM reranker's instruction for this request
@@ -66,7 +70,7 @@ class CohereV1RerankRequest(CohereRerankRequest):
     """Cohere v1's rerank body: documents are strings or objects of string fields; an object is
     ranked on its `rank_fields` (default `text`), as `ranked_text` writes them."""
 
-    rank_fields: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    rank_fields: Annotated[list[Name], Field(min_length=1, max_length=RANK_FIELDS)] | None = None
 
     def texts(self) -> list[str]:
         fields = self.rank_fields or ["text"]
@@ -159,23 +163,28 @@ class ImagePart(Body):
 class EmbedInput(Body):
     """One v2 input: its text parts are joined into one text, or it is exactly one image."""
 
-    content: Annotated[list[Annotated[TextPart | ImagePart, Field(discriminator="type")]], Field(min_length=1)]
+    content: Annotated[
+        list[Annotated[TextPart | ImagePart, Field(discriminator="type")]],
+        Field(min_length=1, max_length=CONTENT_PARTS),
+    ]
 
 
 class CohereEmbedRequest(Body):
     """`POST /v1/embed` and `POST /v2/embed`: `texts`, `images` (data URIs) or v2 `inputs`."""
 
-    model: StrictStr
+    model: Name
     texts: list[StrictStr] | None = None
     images: list[StrictStr] | None = None
     inputs: list[EmbedInput] | None = None
     input_type: InputType | None = None
-    embedding_types: Annotated[list[CohereEmbeddingType], Field(min_length=1)] | None = None
+    embedding_types: Annotated[list[CohereEmbeddingType], Field(min_length=1, max_length=8)] | None = None
     output_dimension: Annotated[
-        StrictInt | None, AfterValidator(at_least(1, "output_dimension")), Field(json_schema_extra={"minimum": 1})
+        Count | None,
+        AfterValidator(at_least(1, "output_dimension")),
+        Field(json_schema_extra={"minimum": 1}),
     ] = None
     truncate: Literal["NONE", "START", "END"] = "END"
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_COUNT)
     lower_priority_first = True
     priority: LowerFirstPriority = None
 

@@ -22,6 +22,13 @@ def _negated(value: int | None) -> int | None:
 #: validated into the engine's, its negation. Such a body says `lower_priority_first`.
 LowerFirstPriority = Annotated[StrictInt | None, Field(ge=-100, le=100), AfterValidator(_negated)]
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+#: The most characters a name in a request may have (a model, a prompt, a task, a user, a file id):
+#: enough for any real one, and a name then costs nothing to look up or to quote in an error.
+NAME_CHARS = 256
+Name = Annotated[StrictStr, Field(max_length=NAME_CHARS)]
+OptionalName = Annotated[StrictStr | None, Field(max_length=NAME_CHARS)]
+#: The largest count a numeric option may ask for (dimensions, top_n, tokens): beyond any model.
+MAX_COUNT = 1_000_000
 
 
 def at_least(lowest: int, param: str) -> Callable[[int | None], int | None]:
@@ -40,12 +47,11 @@ def _zero_is_all(value: int | None) -> int | None:
 
 
 #: A Matryoshka cut: 1 up to the model's dimensions (a larger cut is a 400 naming both).
-Dimensions = Annotated[
-    StrictInt | None, AfterValidator(at_least(1, "dimensions")), Field(json_schema_extra={"minimum": 1})
-]
+Count = Annotated[StrictInt, Field(le=MAX_COUNT)]
+Dimensions = Annotated[Count | None, AfterValidator(at_least(1, "dimensions")), Field(json_schema_extra={"minimum": 1})]
 #: Infinity's own paths: 0 means the whole vector, as in Infinity, whose client sends 0 by default.
 InfinityDimensions = Annotated[
-    StrictInt | None,
+    Count | None,
     AfterValidator(at_least(0, "dimensions")),
     AfterValidator(_zero_is_all),
     Field(json_schema_extra={"minimum": 0}),
@@ -108,7 +114,7 @@ class PromptTokenLimit(Body):
     """vLLM's `truncate_prompt_tokens`: -1 cuts texts at the model's limit, k keeps each text's
     last k tokens (special tokens included, as vLLM counts them); it overrides `truncate`."""
 
-    truncate_prompt_tokens: Annotated[StrictInt | None, Field(ge=-1), AfterValidator(_not_zero)] = None
+    truncate_prompt_tokens: Annotated[StrictInt | None, Field(ge=-1, le=MAX_COUNT), AfterValidator(_not_zero)] = None
 
     def truncation(self, truncate: bool | None) -> dict[str, Any]:
         """`registry.embed`'s truncation options for this body, whose own `truncate` is given."""
@@ -123,7 +129,7 @@ class PromptTokenLimit(Body):
 class ModelOptions(EngineOptions):
     """`EngineOptions` with the (required) model name."""
 
-    model: StrictStr
+    model: Name
 
 
 def fields_only_in(data: Mapping[str, Any], model: type[Body], other: type[Body]) -> list[str]:

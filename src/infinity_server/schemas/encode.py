@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictBool, StrictStr
 
 from infinity_server.encoding import EmbeddingType, EncodingFormat
-from infinity_server.schemas.common import ModelOptions, media_strings, one_or_many
+from infinity_server.schemas.common import ModelOptions, OptionalName, media_strings, one_or_many
 
 OutputName = Literal["dense", "sparse", "multivector"]
 
@@ -23,11 +23,11 @@ class EncodeRequest(ModelOptions):
 
     input: StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
     modality: Literal["text", "image", "audio"] = "text"
-    outputs: list[OutputName] = Field(default_factory=_dense_only, min_length=1)
+    outputs: list[OutputName] = Field(default_factory=_dense_only, min_length=1, max_length=8)
     # "query" encodes queries (ColBERT query augmentation, query prompts); documents otherwise.
-    prompt_name: StrictStr | None = None
+    prompt_name: OptionalName = None
     # The task adapter of a model that has them (jina-embeddings-v3: retrieval.query, retrieval.passage, ...).
-    task: StrictStr | None = None
+    task: OptionalName = None
     return_tokens: StrictBool = False
     encoding_format: EncodingFormat = "float"
     embedding_type: EmbeddingType = "float32"

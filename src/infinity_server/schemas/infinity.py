@@ -10,9 +10,11 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from infinity_server.schemas.common import Body, ModelOptions, one_or_many
+from infinity_server.schemas.common import MAX_COUNT, Body, ModelOptions, one_or_many
+from model_registry import MAX_WEIGHT
 
 Weight = StrictFloat | StrictInt | None
+_WEIGHT_RANGE: dict[str, Any] = {"minimum": 0, "maximum": MAX_WEIGHT}
 
 
 class RerankWeights(Body):
@@ -20,16 +22,17 @@ class RerankWeights(Body):
 
     model_config = ConfigDict(extra="forbid", frozen=True)  # a misspelt output is an error, not a 0
 
-    dense: Weight = Field(default=None, allow_inf_nan=False)
-    sparse: Weight = Field(default=None, allow_inf_nan=False)
-    multivector: Weight = Field(default=None, allow_inf_nan=False)
+    # The range is the engine's (ranking.MAX_WEIGHT), checked there with a 400 naming it.
+    dense: Weight = Field(default=None, allow_inf_nan=False, json_schema_extra=_WEIGHT_RANGE)
+    sparse: Weight = Field(default=None, allow_inf_nan=False, json_schema_extra=_WEIGHT_RANGE)
+    multivector: Weight = Field(default=None, allow_inf_nan=False, json_schema_extra=_WEIGHT_RANGE)
 
 
 class RerankRequest(ModelOptions):
     model_family = "rerank"
     query: StrictStr
     documents: list[Any]
-    top_n: StrictInt | None = Field(default=None, ge=1)
+    top_n: StrictInt | None = Field(default=None, ge=1, le=MAX_COUNT)
     return_documents: StrictBool = False
     raw_scores: StrictBool = False
     # Extension: an LLM reranker's instruction for this request (docs/rerank.md).

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt
 
-from infinity_server.schemas.common import Body, InfinityDimensions, NonEmpty, Priority
+from infinity_server.schemas.common import MAX_COUNT, Body, InfinityDimensions, Name, NonEmpty, OptionalName, Priority
 
 
 class MediaEmbeddingRequest(Body):
     """Infinity's `POST /embeddings_image` and `/embeddings_audio`: URLs or data URIs."""
 
     model_family = "embed"
-    model: StrictStr
+    model: Name
     input: NonEmpty | list[NonEmpty]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: InfinityDimensions = None
-    user: StrictStr | None = None
+    user: OptionalName = None
     priority: Priority = None
 
     def inputs(self) -> list[str]:
@@ -27,9 +27,9 @@ class MediaEmbeddingRequest(Body):
 class MediaRerankRequest(Body):
     """`POST /v1/rerank/images` (and `/v1/rerank/audio`): media documents ranked against a text query."""
 
-    model: StrictStr
+    model: Name
     query: NonEmpty
     documents: Annotated[list[NonEmpty], Field(min_length=1)]
-    top_n: StrictInt | None = Field(default=None, ge=1)
+    top_n: StrictInt | None = Field(default=None, ge=1, le=MAX_COUNT)
     return_documents: StrictBool = False
     priority: Priority = None

@@ -11,6 +11,7 @@ from infinity_server.schemas.common import (
     Dimensions,
     InfinityDimensions,
     ModelOptions,
+    OptionalName,
     PromptTokenLimit,
     media_strings,
 )
@@ -36,13 +37,13 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit):
     input: EmbeddingInput
     encoding_format: EncodingFormat = "float"
     dimensions: Dimensions = None
-    user: StrictStr | None = None
+    user: OptionalName = None
     # Infinity's field; image and audio inputs are URLs or data URIs.
     modality: Literal["text", "image", "audio"] = "text"
     # Extensions.
-    prompt_name: StrictStr | None = None
+    prompt_name: OptionalName = None
     # The task adapter of a model that has them (jina-embeddings-v3: retrieval.query, retrieval.passage, ...).
-    task: StrictStr | None = None
+    task: OptionalName = None
     embedding_type: EmbeddingType = "float32"
     # An input longer than the model's length without truncation: refused, windowed, or read whole.
     long_inputs: Literal["error", "chunk", "late"] = "error"

@@ -11,14 +11,14 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 from typing_extensions import NotRequired, TypedDict
 
-from infinity_server.schemas.common import Body, Dimensions, EngineOptions, NonEmpty
+from infinity_server.schemas.common import MAX_COUNT, Body, Dimensions, EngineOptions, NonEmpty, OptionalName
 from infinity_server.schemas.infinity import RerankWeights
 from infinity_server.schemas.openai import EmbeddingInput
 from infinity_server.schemas.responses import FloatMatrix, FloatVector
 
 
 class TeiOptions(EngineOptions):
-    model: StrictStr | None = None
+    model: OptionalName = None
     truncation_direction: Literal["left", "right", "Left", "Right"] = "right"
 
 
@@ -27,7 +27,7 @@ class TeiEmbedRequest(TeiOptions):
 
     inputs: EmbeddingInput
     normalize: StrictBool = True
-    prompt_name: StrictStr | None = None
+    prompt_name: OptionalName = None
     dimensions: Dimensions = None
     # An input longer than the model's length without truncation: refused, windowed, or read whole.
     long_inputs: Literal["error", "chunk", "late"] = "error"
@@ -36,7 +36,7 @@ class TeiEmbedRequest(TeiOptions):
 
 
 PredictSequence = Annotated[list[StrictStr], Field(min_length=1, max_length=2)]
-TopK = Annotated[StrictInt | None, Field(ge=1)]
+TopK = Annotated[StrictInt | None, Field(ge=1, le=MAX_COUNT)]
 
 
 class PredictParameters(Body):
@@ -93,24 +93,24 @@ class SimilarityInput(Body):
 class SimilarityParameters(Body):
     truncate: StrictBool | None = None
     truncation_direction: Literal["left", "right", "Left", "Right"] = "right"
-    prompt_name: StrictStr | None = None
+    prompt_name: OptionalName = None
 
 
 class TeiSimilarityRequest(EngineOptions):
-    model: StrictStr | None = None
+    model: OptionalName = None
     inputs: SimilarityInput
     parameters: SimilarityParameters | None = None
 
 
 class TeiTokenizeRequest(Body):
-    model: StrictStr | None = None
+    model: OptionalName = None
     inputs: StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
     add_special_tokens: StrictBool = True
-    prompt_name: StrictStr | None = None
+    prompt_name: OptionalName = None
 
 
 class TeiDecodeRequest(Body):
-    model: StrictStr | None = None
+    model: OptionalName = None
     ids: Annotated[list[StrictInt], Field(min_length=1)] | Annotated[list[list[StrictInt]], Field(min_length=1)]
     skip_special_tokens: StrictBool = True
 

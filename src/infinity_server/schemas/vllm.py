@@ -9,6 +9,7 @@ from typing_extensions import TypedDict
 
 from infinity_server.encoding import EncodingFormat
 from infinity_server.schemas.common import (
+    MAX_COUNT,
     Body,
     Dimensions,
     LowerFirstPriority,
@@ -117,7 +118,7 @@ class VllmRerankRequest(VllmOptions, Activation):
     model_family = "rerank"
     query: StrictStr
     documents: list[StrictStr]
-    top_n: StrictInt = 0
+    top_n: Annotated[StrictInt, Field(le=MAX_COUNT)] = 0
 
 
 class VllmRerankDocument(TypedDict):
