@@ -23,7 +23,7 @@ from model_registry.errors import (
     UnsupportedOperation,
 )
 from model_registry.handles import DeviceUsage, LifecycleEvent
-from model_registry.long_inputs import Span, sentences
+from model_registry.long_inputs import Span, check_span_count, sentences
 from model_registry.ranking import MAX_WEIGHT, Ranking
 from model_registry.registry import Registry
 from model_registry.sync import SyncRegistry
@@ -85,6 +85,7 @@ __all__ = [
     "UnknownModel",
     "UnsupportedOperation",
     "catalogue_listing",
+    "check_span_count",
     "load_config",
     "registry_config",
     "sentences",

@@ -130,6 +130,12 @@ _END = re.compile(r"(?<![.!?])[.!?]+(?=\s)")
 _NON_SPACE = re.compile(r"\S")
 
 
+def check_span_count(count: int, max_spans: int) -> None:
+    """`InvalidInput` when a request asks for more than `max_spans` spans (`max_chunks_per_request`)."""
+    if count > max_spans:
+        raise InvalidInput(f"the request has more than {max_spans} spans (max_chunks_per_request)", param="spans")
+
+
 def sentences(text: str) -> list[Span]:
     """The character spans [start, end) of `text`'s sentences: each from a non-space character to
     the first `_END` after it, or to the end of the text (trailing whitespace left out). Linear in
@@ -159,8 +165,7 @@ def plan_late(
             f"spans has {len(spans)} lists for {len(contents)} inputs; give one per input", param="spans"
         )
     wanted = [list(spans[i]) if spans is not None else sentences(_text(c, i).text) for i, c in enumerate(contents)]
-    if sum(len(w) for w in wanted) > max_spans:  # before any tokenizing: the count alone decides
-        raise InvalidInput(f"the request has more than {max_spans} spans (max_chunks_per_request)", param="spans")
+    check_span_count(sum(len(w) for w in wanted), max_spans)  # before any tokenizing: the count alone decides
     out: list[Content] = []
     ranges: list[tuple[Span, ...]] = []
     for i, content in enumerate(contents):

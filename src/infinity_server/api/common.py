@@ -18,7 +18,7 @@ from infinity_server.errors import HTTPError
 from infinity_server.fetch import FetchGate, FetchPolicy, MediaFetcher, shared_media_client
 from infinity_server.schemas.common import Body
 from infinity_server.settings import ServerSettings
-from model_registry import Cancelled, Capability, InvalidInput, Media, Modality, Registry
+from model_registry import Cancelled, Capability, InvalidInput, Media, Modality, Registry, check_span_count
 
 M = TypeVar("M", bound=Body)
 T = TypeVar("T")
@@ -123,8 +123,7 @@ def _count_spans(request: Request, data: dict[str, Any]) -> None:
     if not isinstance(spans, list):
         return
     limit = registry_of(request).config.max_chunks_per_request
-    if sum(len(s) if isinstance(s, list) else 1 for s in spans) > limit:
-        raise InvalidInput(f"the request has more than {limit} spans (max_chunks_per_request)", param="spans")
+    check_span_count(sum(len(s) if isinstance(s, list) else 1 for s in spans), limit)
 
 
 def check_priority(request: Request, asked: int, *, lower_first: bool = False) -> None:
