@@ -495,3 +495,13 @@ def test_auto_precision_on_cuda_avoids_float16_for_families_that_overflow_it(
     assert resolve_dtype("auto", "cuda:0", model_type) == getattr(torch, expected)
     assert resolve_dtype("auto", "cpu", model_type) == torch.float32
     assert resolve_dtype("float16", "cuda:0", model_type) == torch.float16  # asked for: as asked
+
+
+def test_a_model_run_by_its_own_code_never_goes_to_a_converter_that_drops_that_code() -> None:
+    """CTranslate2 converts by `model_type` into its own BERT; a checkpoint whose `auto_map` names
+    its own modeling code would answer other vectors there (0.3 off on a trusted tiny model)."""
+    own = {**BERT, "auto_map": {"AutoModel": "modeling.ScaledBertModel"}}
+    with pytest.raises(ValueError, match=r"auto_map.*use backend: onnx, or backend: torch"):
+        choose("m", "ctranslate2", "none", "dense", own, "cpu")
+    assert choose("m", "auto", "none", "dense", own, "cpu", host="cpu/avx2").backend == "torch"
+    assert choose("m", "auto", "none", "dense", BERT, "cpu", host="cpu/avx2").backend == "ctranslate2"

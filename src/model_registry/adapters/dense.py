@@ -6,7 +6,8 @@ so its output equals sentence-transformers `encode` on the same directory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +17,13 @@ from torch.utils.dlpack import from_dlpack
 
 from model_registry.adapters import segments
 from model_registry.adapters.base import Adapter, LoadOptions
-from model_registry.adapters.engines import engine_for
+from model_registry.adapters.engines import engines_for
 from model_registry.adapters.pooling import exclude_prompt, pool
 from model_registry.adapters.text import TextTokenizer, Tokens
 from model_registry.backends import create_engine
 from model_registry.backends import torch as backend
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Packed, Task
+from model_registry.backends.cache import UnsafeCache
 from model_registry.backends.choice import Choice
 from model_registry.backends.weights import weight_bytes
 from model_registry.detect import DenseLayer, Layout
@@ -52,6 +54,8 @@ _ACTIVATIONS = {
 #: times the budget, which keeps those (a few bytes a position) far below what the warm-up batch's
 #: real tokens take on the device (kilobytes a token) however its lengths mix.
 PADDED_SPREAD = 4
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,10 @@ class TextEncoder(Adapter):
         self.default_prompt_name = layout.default_prompt_name
         self.engine: Engine | None = None
         self._built: Engine | None = None
+        #: The engines still to try, in order, the first the one `_built` was built by.
+        self._choices: tuple[Choice, ...] = ()
+        #: Why the engines tried before the first of `_choices` could not serve the model.
+        self._failed: list[str] = []
         self.choice = Choice("torch", "configured")
         self.config: Any = None
         self.tokenizer: TextTokenizer | None = None
@@ -158,10 +166,11 @@ class TextEncoder(Adapter):
         )
         self.max_length = self.tokenizer.max_length
         device = backend.resolve_device(options.device)
-        engine, self._built = self._built or self.new_engine(options, device), None
         # The device as resolved here, which the engine choice and the memory accounting also use:
         # onnxruntime's CUDA build lists its provider on a machine without a GPU too.
-        engine.load(directory, self.engine_options(options, device))
+        engine_options = self.engine_options(options, device)
+        engine = self._first_that(options, device, lambda e: e.load(directory, engine_options), self._built)
+        self._built = None
         self.engine, self.backend = engine, engine.name
         self.device, self.dtype = engine.device, engine.dtype
         # The heads run where the engine leaves its outputs: on its device (see `EncoderOutput`).
@@ -178,18 +187,50 @@ class TextEncoder(Adapter):
     def build(self, options: LoadOptions) -> None:
         """The engine's export or conversion, kept for `load_model`."""
         device = backend.resolve_device(options.device)
-        engine = self.new_engine(options, device)
-        engine.build(self.layout.transformer_dir, self.engine_options(options, device))
-        self._built = engine
+        self._choices = ()
+        engine_options = self.engine_options(options, device)
+        self._built = self._first_that(options, device, lambda e: e.build(self.layout.transformer_dir, engine_options))
 
-    def new_engine(self, options: LoadOptions, device: str) -> Engine:
-        self.choice = engine_for(str(self.layout.root), options, self.layout, device.startswith("cuda"))
-        if options.cuda_graphs is True and self.choice.backend != "torch":
+    def _first_that(
+        self, options: LoadOptions, device: str, step: Callable[[Engine], None], built: Engine | None = None
+    ) -> Engine:
+        """The first engine of the choice on which `step` (its build, or its load) succeeds; `built`,
+        where given, is the first one's, already built. Under `backend: auto` an engine that cannot
+        build or load the model hands over to the next, torch last, and `/models` says why."""
+        if not self._choices:
+            self._choices, self._failed = self.engine_choices(options, device), []
+        for index, choice in enumerate(self._choices):
+            engine = built if built is not None and index == 0 else create_engine(choice.backend)
+            try:
+                step(engine)
+            except ModelUnavailable as error:
+                if index == len(self._choices) - 1 or isinstance(error, UnsafeCache):
+                    raise
+                log.warning(
+                    "model %s: %s could not serve it (%s); trying %s",
+                    self.layout.root,
+                    choice.backend,
+                    error,
+                    self._choices[index + 1].backend,
+                )
+                self._failed.append(f"{choice.backend} could not serve it: {error}")
+                continue
+            self._choices = self._choices[index:]
+            reason = "; ".join([choice.reason, *self._failed])
+            self.choice = Choice(choice.backend, reason)
+            return engine
+        raise AssertionError("This is a bug: no engine was tried")
+
+    def engine_choices(self, options: LoadOptions, device: str) -> tuple[Choice, ...]:
+        """The engines to try, in order (`backends.choice.choices`)."""
+        found = engines_for(str(self.layout.root), options, self.layout, device.startswith("cuda"))
+        self.choice = found[0]
+        if options.cuda_graphs is True and found[0].backend != "torch":
             raise ModelUnavailable(
-                f"cuda_graphs: true captures the torch engine, but this model runs on {self.choice.backend} "
-                f"({self.choice.reason}); set backend: torch"
+                f"cuda_graphs: true captures the torch engine, but this model runs on {found[0].backend} "
+                f"({found[0].reason}); set backend: torch"
             )
-        return create_engine(self.choice.backend)
+        return found
 
     def engine_options(self, options: LoadOptions, device: str) -> EngineOptions:
         return EngineOptions(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from model_registry.adapters.base import LoadOptions
-from model_registry.backends.choice import Choice, choose
+from model_registry.backends.choice import Choice, choices
 from model_registry.config import ModelSpec
 from model_registry.detect import Layout
 from model_registry.errors import ConfigError, RegistryError
@@ -19,10 +19,15 @@ from model_registry.errors import ConfigError, RegistryError
 def engine_for(name: str, options: LoadOptions | ModelSpec, layout: Layout, cuda: bool) -> Choice:
     """The engine a model of `layout` runs on, `cuda` or not (`device: mps` counts as its own
     device); a bad combination is a `ConfigError`."""
+    return engines_for(name, options, layout, cuda)[0]
+
+
+def engines_for(name: str, options: LoadOptions | ModelSpec, layout: Layout, cuda: bool) -> tuple[Choice, ...]:
+    """The engines to try for a model of `layout`, in order (`backends.choice.choices`)."""
     device = "cuda" if cuda else "cpu" if options.device in ("auto", "cpu") else options.device
     try:
         kind = layout.kind.value
-        return choose(name, options.backend, options.quantize, kind, layout.config, device, dtype=options.dtype)
+        return choices(name, options.backend, options.quantize, kind, layout.config, device, dtype=options.dtype)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

@@ -23,8 +23,7 @@ from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextEncoder, as_tensor
 from model_registry.adapters.engines import engine_for
 from model_registry.adapters.text import pad
-from model_registry.backends import create_engine
-from model_registry.backends.base import EncoderBatch, Engine, EngineOptions, Task
+from model_registry.backends.base import EncoderBatch, EngineOptions, Task
 from model_registry.backends.choice import Choice
 from model_registry.detect import Layout
 from model_registry.errors import InputTooLong, InvalidInput, ModelUnavailable, UnsupportedOperation
@@ -61,14 +60,14 @@ class LlmRerankerAdapter(TextEncoder):
     def load(self, options: LoadOptions) -> None:
         self.load_model(options)
 
-    def new_engine(self, options: LoadOptions, device: str) -> Engine:
+    def engine_choices(self, options: LoadOptions, device: str) -> tuple[Choice, ...]:
         """torch: only its engine computes two rows of the LM head. An explicit other engine is
         refused by the engine check, naming torch."""
         if options.backend != "auto":
             self.choice = engine_for(str(self.layout.root), options, self.layout, device.startswith("cuda"))
         else:
             self.choice = Choice("torch", "auto: torch, the only engine that serves LLM rerankers")
-        return create_engine(self.choice.backend)
+        return (self.choice,)
 
     def engine_options(self, options: LoadOptions, device: str) -> EngineOptions:
         """The engine's options with the scoring tokens' rows, once the tokenizer is read (`build`

@@ -48,6 +48,10 @@ ONLY: dict[tuple[str, str], frozenset[str]] = {
 NOT_ON_CUDA: dict[tuple[str, str], str] = {
     ("onnx", "gemma3_text"): "Gemma 3's activations overflow float16, the precision it runs on CUDA",
 }
+#: Engines that convert a model by its `model_type` into their own implementation, so that a
+#: checkpoint run by code of its own (`auto_map`, `trust_remote_code`) would lose that code:
+#: CTranslate2 converts such a BERT as its own BERT. ONNX Runtime's export traces the model's code.
+IGNORES_OWN_CODE = frozenset({"ctranslate2"})
 DTYPES: dict[str, frozenset[str]] = {
     "torch": frozenset({"auto", "float32", "float16", "bfloat16"}),
     "onnx": frozenset({"auto", "float32", "float16"}),
@@ -117,18 +121,32 @@ def check_model(name: str, backend: str, quantize: str, kind: str, config: dict[
             f"model '{name}': backend: {backend} runs '{model_type}' as {', '.join(sorted(only))} only, "
             f"not as a {kind} model; {fix}"
         )
+    if own_code(config) and backend in IGNORES_OWN_CODE:
+        raise ValueError(
+            f"model '{name}': its own code runs it (config.json's auto_map), and backend: {backend} converts "
+            f"'{model_type}' as its own implementation of that architecture, without that code, which would "
+            f"answer other vectors; {fix}"
+        )
     why = NOT_ON_CUDA.get((backend, model_type))
     if why is not None and device.startswith("cuda"):
         raise ValueError(f"model '{name}': '{model_type}' cannot run on backend: {backend} on CUDA ({why}); {fix}")
 
 
-def serves(engine: str, kind: str, model_type: str, device: str = "cpu") -> bool:
-    """Whether `engine` runs a `kind` model of `model_type` on `device` (torch runs every one)."""
+def serves(engine: str, kind: str, model_type: str, device: str = "cpu", config: dict[str, Any] | None = None) -> bool:
+    """Whether `engine` runs a `kind` model of `model_type` on `device` (torch runs every one);
+    with `config`, also whether it runs the code the model's files name."""
     if engine == "torch":
         return True
+    if config is not None and own_code(config) and engine in IGNORES_OWN_CODE:
+        return False
     only = ONLY.get((engine, model_type), FAMILIES[engine])
     cuda_ok = not device.startswith("cuda") or (engine, model_type) not in NOT_ON_CUDA
     return kind in FAMILIES[engine] and kind in only and model_type in ARCHITECTURES[engine] and cuda_ok
+
+
+def own_code(config: dict[str, Any]) -> bool:
+    """Whether the model's files name code of their own (`auto_map`) to run it."""
+    return bool(config.get("auto_map"))
 
 
 def _fix(kind: str, model_type: str, device: str, refused: str, quantize: str) -> str:
@@ -263,34 +281,58 @@ def choose(
     """The engine for `backend` (checked), or for `auto` the first engine of `fastest` for the
     host (`host_kind(device)` unless given) that serves the model and is installed, else torch.
     fp8 runs on torch alone; whether the device runs it is the engine's check, at load."""
+    return choices(name, backend, quantize, kind, config, device, dtype=dtype, host=host)[0]
+
+
+def choices(
+    name: str,
+    backend: str,
+    quantize: str,
+    kind: str,
+    config: dict[str, Any],
+    device: str,
+    *,
+    dtype: str = "auto",
+    host: str | None = None,
+) -> tuple[Choice, ...]:
+    """The engines to try, in order: the configured one alone, or for `auto` every engine of
+    `fastest` for the host that serves the model and is installed, then torch (which serves every
+    model; not for int8, which it cannot run). An engine that fails to build or load the model
+    hands over to the next (`adapters.dense.TextEncoder`)."""
     if quantize == "fp8":
         fp8.check_options(name, backend, dtype, "auto", kind)
-        return Choice("torch", "configured" if backend == "torch" else "auto: torch, the engine that runs fp8")
+        return (Choice("torch", "configured" if backend == "torch" else "auto: torch, the engine that runs fp8"),)
     if backend != "auto":
         check_model(name, backend, quantize, kind, config, device)
-        return Choice(backend, "configured")
+        return (Choice(backend, "configured"),)
     host = host or host_kind(device)
     model_type = str(config.get("model_type", "unknown"))
     precision = precision_of(host, quantize, dtype)
     listed = fastest(host, precision, model_type)
-    serving = [e for e in listed if serves(e, kind, model_type, host) and dtype in DTYPES[e]]
+    serving = [e for e in listed if serves(e, kind, model_type, host, config) and dtype in DTYPES[e]]
     where = _HOSTS.get(host, host)
-    for engine in serving:
-        if available(engine, host):
-            return Choice(
-                engine, f"auto: {engine}, fastest measured engine for {kind} '{model_type}' on {where} in {precision}"
-            )
+    found = tuple(
+        Choice(engine, f"auto: {engine}, fastest measured engine for {kind} '{model_type}' on {where} in {precision}")
+        for engine in serving
+        if available(engine, host)
+    )
     if quantize == "int8":
+        if found:
+            return found
         raise ValueError(
             f"model '{name}': quantize: int8 with backend: auto found no engine for a {kind} '{model_type}' "
             "model on this device (int8 runs on onnx (CPU) or ctranslate2 (CPU and CUDA), for the families "
             "and architectures each serves, with its extra installed); set quantize: none"
         )
-    if serving:
-        return Choice("torch", f"auto: torch, {missing(serving[0], host)}")
-    if listed:
-        return Choice("torch", f"auto: torch, no engine measured faster serves {kind} '{model_type}' on {where}")
-    return Choice("torch", f"auto: torch, {_torch_measured(host, precision, model_type)}")
+    if found:
+        last = Choice("torch", "auto: torch, the engine that serves every model")
+    elif serving:
+        last = Choice("torch", f"auto: torch, {missing(serving[0], host)}")
+    elif listed:
+        last = Choice("torch", f"auto: torch, no engine measured faster serves {kind} '{model_type}' on {where}")
+    else:
+        last = Choice("torch", f"auto: torch, {_torch_measured(host, precision, model_type)}")
+    return (*found, last)
 
 
 def _torch_measured(host: str, precision: str, model_type: str) -> str:

@@ -57,10 +57,3 @@ def test_no_backend_key_serves_xlmr_on_every_cpu_kind(
     np.testing.assert_allclose(got, expected, atol=1e-4)
     np.testing.assert_allclose(single, got, atol=1e-5)
     assert described["backend"] == PICKED[host]
-
-
-@pytest.mark.parametrize("backend", ["ctranslate2", "onnx", "torch"])
-def test_each_engine_serves_an_xlmr_embedder(serve: Any, xlmr_dir: Path, expected: np.ndarray, backend: str) -> None:
-    live = serve({"models": [{"name": "e5", "source": str(xlmr_dir), "backend": backend}]})
-    with live.client() as client:
-        np.testing.assert_allclose(embed(client, TEXTS), expected, atol=1e-4)

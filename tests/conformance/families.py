@@ -1,0 +1,469 @@
+"""The conformance matrix's list: every family the server detects or the catalogue lists, as a tiny
+random model in its published layout, with the reference implementation its answers must equal.
+
+Each family says what it is (kind, architecture), which catalogue records and detection rules it
+stands for, how it is asked (`probe`) and how its reference answers the same questions. The
+engines it runs on are not listed here: they are read from the engine tables
+(`backends.choice`), so that a family an engine claims is a family the matrix runs on it.
+`table()` renders the list as the table in docs/text-zoo.md.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from model_registry.backends import choice
+from model_registry.detect_zoo import is_causal_lm
+from tests.builders.catalogue import (
+    NOMIC_PROMPTS,
+    tiny_embeddinggemma,
+    tiny_gte_modernbert,
+    tiny_modernbert_embedder,
+    tiny_nomic,
+)
+from tests.builders.embedders import tiny_xlmr
+from tests.builders.gte import tiny_gte_multilingual
+from tests.builders.jina import tiny_jina_v3
+from tests.builders.llm_rerankers import (
+    tiny_gemma_reranker,
+    tiny_mxbai_reranker,
+    tiny_qwen3_embedding,
+    tiny_qwen3_reranker,
+    with_chat_template,
+)
+from tests.builders.media import image_bytes, tiny_clip, tiny_open_clip, tiny_siglip2, tiny_siglip2_naflex
+from tests.builders.text import tiny_bert
+from tests.builders.zoo import (
+    tiny_bge_m3,
+    tiny_colbert,
+    tiny_cross_encoder,
+    tiny_masked_lm,
+    tiny_modern_colbert,
+    tiny_modernbert_cross_encoder,
+    tiny_pylate,
+    tiny_xlmr_cross_encoder,
+)
+from tests.conformance import references as ref
+from tests.integration.zoo.test_remote_code import tiny_remote_code_model
+
+Probe = Literal["dense", "rerank", "classify", "sparse", "multivector", "multi_output", "image_text"]
+
+ENGINES = ("torch", "onnx", "ctranslate2")
+ENGINE_NAMES = {"torch": "torch", "onnx": "ONNX Runtime", "ctranslate2": "CTranslate2"}
+#: The device classes `auto` tells apart, each with the precision it runs a model in by default.
+HOSTS = {"cpu/avx2": "fp32", "cpu/avx512_vnni": "fp32", "cpu/amx": "fp32", "cpu/other": "fp32", "cuda": "float16"}
+HOST_NAMES = {"cpu/avx2": "AVX2", "cpu/avx512_vnni": "AVX-512 VNNI", "cpu/amx": "AMX", "cpu/other": "other CPU"}
+
+TEXTS = [
+    "The cat sleeps on the warm windowsill.",
+    "Two dogs are running through the snow, barking at every passing car!",
+    "What is the capital of France? Paris, of course.",
+    "hello",
+]
+QUERY = "Which animal sleeps on the windowsill?"
+PICTURES = [image_bytes(40, 28, seed=1), image_bytes(24, 36, seed=2)]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the matrix."""
+
+    name: str
+    #: The published checkpoints it stands for; catalogue ids among them are the records it covers.
+    examples: tuple[str, ...]
+    build: Callable[[Path], Path]
+    kind: str
+    architecture: str
+    probe: Probe
+    reference: ref.Reference
+    #: The detection rules that decide what its directory is (`detect_rules`).
+    rules: tuple[str, ...]
+    #: Keys of its configuration entry beyond name and source (no `backend`: the matrix adds it).
+    entry: dict[str, Any] = field(default_factory=dict)
+    #: Whether its queries are asked apart (`prompt_name: query`): models with a query prompt or form.
+    queries: bool = False
+    texts: tuple[str, ...] = tuple(TEXTS)
+
+    #: config.json's `architectures`, where the engine tables read it (a causal LM's head).
+    architectures: tuple[str, ...] = ()
+    #: Whether its own code runs it (config.json's `auto_map`, `trust_remote_code: true`).
+    own_code: bool = False
+
+    @property
+    def llm_reranker(self) -> bool:
+        return self.kind == "reranker" and is_causal_lm(self.architectures)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """What the engine tables read of its config.json."""
+        config: dict[str, Any] = {"model_type": self.architecture, "architectures": list(self.architectures)}
+        return {**config, "auto_map": {"AutoModel": "modeling.Model"}} if self.own_code else config
+
+
+def _pair_template_reranker(root: Path) -> Path:
+    return with_chat_template(tiny_qwen3_reranker(root))
+
+
+def _answerai(root: Path) -> Path:
+    return tiny_pylate(root, prefixes=("[unused0]", "[unused1]"))
+
+
+def _classifier(root: Path) -> Path:
+    return tiny_cross_encoder(root, labels=3, initializer_range=0.3, segment_ids=True)
+
+
+def _splade(root: Path) -> Path:
+    return tiny_masked_lm(root, sparse_layout=True)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "BERT embedder",
+        ("sentence-transformers/all-MiniLM-L6-v2", "BAAI/bge-small-en-v1.5"),
+        tiny_bert,
+        "dense",
+        "bert",
+        "dense",
+        ref.sentence_transformers(),
+        ("dense",),
+    ),
+    Family(
+        "XLM-R embedder",
+        ("intfloat/multilingual-e5-base", "Snowflake/snowflake-arctic-embed-l-v2.0"),
+        tiny_xlmr,
+        "dense",
+        "xlm-roberta",
+        "dense",
+        ref.sentence_transformers(),
+        ("dense",),
+    ),
+    Family(
+        "BERT cross-encoder",
+        ("cross-encoder/ms-marco-MiniLM-L6-v2",),
+        tiny_cross_encoder,
+        "reranker",
+        "bert",
+        "rerank",
+        ref.cross_encoder(QUERY),
+        ("cross-encoder",),
+    ),
+    Family(
+        "XLM-R cross-encoder",
+        ("BAAI/bge-reranker-v2-m3",),
+        tiny_xlmr_cross_encoder,
+        "reranker",
+        "xlm-roberta",
+        "rerank",
+        ref.cross_encoder(QUERY),
+        ("cross-encoder",),
+    ),
+    Family(
+        "BERT classifier",
+        ("ProsusAI/finbert",),
+        _classifier,
+        "classifier",
+        "bert",
+        "classify",
+        ref.classifier(),
+        ("classifier",),
+    ),
+    Family(
+        "SPLADE",
+        ("naver/splade-cocondenser-ensembledistil",),
+        _splade,
+        "sparse",
+        "bert",
+        "sparse",
+        ref.splade(),
+        ("splade",),
+    ),
+    Family(
+        "ColBERT (colbert-ai)",
+        ("colbert-ir/colbertv2.0",),
+        tiny_colbert,
+        "multivector",
+        "bert",
+        "multivector",
+        ref.colbert_ai(),
+        ("colbert-ai",),
+        queries=True,
+    ),
+    Family(
+        "ColBERT (PyLate)",
+        ("answerdotai/answerai-colbert-small-v1",),
+        _answerai,
+        "multivector",
+        "bert",
+        "multivector",
+        ref.pylate(),
+        ("pylate",),
+        queries=True,
+    ),
+    Family(
+        "ColBERT (PyLate, ModernBERT)",
+        ("lightonai/GTE-ModernColBERT-v1",),
+        tiny_modern_colbert,
+        "multivector",
+        "modernbert",
+        "multivector",
+        ref.pylate(),
+        ("pylate",),
+        queries=True,
+    ),
+    Family(
+        "BGE-M3",
+        ("BAAI/bge-m3",),
+        tiny_bge_m3,
+        "multi_output",
+        "xlm-roberta",
+        "multi_output",
+        ref.bge_m3(),
+        ("bge-m3",),
+    ),
+    Family(
+        "ModernBERT embedder, CLS",
+        ("Alibaba-NLP/gte-modernbert-base",),
+        tiny_gte_modernbert,
+        "dense",
+        "modernbert",
+        "dense",
+        ref.sentence_transformers(),
+        ("dense",),
+    ),
+    Family(
+        "ModernBERT embedder, mean and prompts",
+        ("nomic-ai/modernbert-embed-base",),
+        tiny_modernbert_embedder,
+        "dense",
+        "modernbert",
+        "dense",
+        ref.sentence_transformers(),
+        ("dense",),
+        queries=True,
+    ),
+    Family(
+        "ModernBERT cross-encoder",
+        ("Alibaba-NLP/gte-reranker-modernbert-base",),
+        tiny_modernbert_cross_encoder,
+        "reranker",
+        "modernbert",
+        "rerank",
+        ref.cross_encoder(QUERY),
+        ("cross-encoder",),
+    ),
+    Family(
+        "nomic-embed-text",
+        ("nomic-ai/nomic-embed-text-v1.5",),
+        tiny_nomic,
+        "dense",
+        "nomic_bert",
+        "dense",
+        ref.mean_pooled({"document": "", "query": NOMIC_PROMPTS["query"]}),
+        ("native-port", "dense"),
+        queries=True,
+    ),
+    Family(
+        "Qwen3-Embedding",
+        ("Qwen/Qwen3-Embedding-0.6B", "Qwen/Qwen3-Embedding-4B", "Qwen/Qwen3-Embedding-8B"),
+        tiny_qwen3_embedding,
+        "dense",
+        "qwen3",
+        "dense",
+        ref.sentence_transformers(),
+        ("dense",),
+    ),
+    Family(
+        "EmbeddingGemma",
+        ("google/embeddinggemma-300m",),
+        tiny_embeddinggemma,
+        "dense",
+        "gemma3_text",
+        "dense",
+        ref.sentence_transformers(),
+        ("dense",),
+        queries=True,
+    ),
+    Family(
+        "jina-embeddings-v3",
+        ("jinaai/jina-embeddings-v3",),
+        tiny_jina_v3,
+        "dense",
+        "jina_embeddings_v3",
+        "dense",
+        ref.jina_v3(),
+        ("jina-lora-port", "dense", "jina-lora"),
+        texts=tuple(ref.JINA_SENTENCES),
+    ),
+    Family(
+        "gte-multilingual",
+        ("Alibaba-NLP/gte-multilingual-base",),
+        tiny_gte_multilingual,
+        "dense",
+        "gte",
+        "dense",
+        ref.gte_multilingual(),
+        ("native-port", "dense"),
+        texts=tuple(ref.GTE_SENTENCES),
+    ),
+    Family(
+        "a model with code of its own, trusted",
+        ("any checkpoint whose `auto_map` names its own modeling code",),
+        tiny_remote_code_model,
+        "dense",
+        "bert",
+        "dense",
+        ref.remote_code(),
+        ("remote-code", "dense"),
+        entry={"trust_remote_code": True},
+        texts=tuple(ref.REMOTE_SENTENCES),
+        own_code=True,
+    ),
+    Family(
+        "Qwen3-Reranker",
+        ("Qwen/Qwen3-Reranker-0.6B", "Qwen/Qwen3-Reranker-4B", "Qwen/Qwen3-Reranker-8B"),
+        tiny_qwen3_reranker,
+        "reranker",
+        "qwen3",
+        "rerank",
+        ref.qwen3_reranker(QUERY),
+        ("llm-reranker",),
+        entry={"kind": "reranker", "template": "qwen3-reranker"},
+        architectures=("Qwen3ForCausalLM",),
+    ),
+    Family(
+        "bge-reranker-v2-gemma",
+        ("BAAI/bge-reranker-v2-gemma",),
+        tiny_gemma_reranker,
+        "reranker",
+        "gemma",
+        "rerank",
+        ref.gemma_reranker(QUERY),
+        ("llm-reranker",),
+        entry={"kind": "reranker", "template": "bge-reranker-v2-gemma"},
+        architectures=("GemmaForCausalLM",),
+    ),
+    Family(
+        "mxbai-rerank-v2",
+        ("mixedbread-ai/mxbai-rerank-base-v2", "mixedbread-ai/mxbai-rerank-large-v2"),
+        tiny_mxbai_reranker,
+        "reranker",
+        "qwen2",
+        "rerank",
+        ref.mxbai_reranker(QUERY),
+        ("llm-reranker",),
+        entry={"kind": "reranker", "template": "mxbai-rerank-v2"},
+        architectures=("Qwen2ForCausalLM",),
+    ),
+    Family(
+        "LLM reranker with a pair chat template",
+        ("tomaarsen/Qwen3-Reranker-0.6B-seq-cls",),
+        _pair_template_reranker,
+        "reranker",
+        "qwen3",
+        "rerank",
+        ref.cross_encoder(QUERY),
+        ("llm-reranker-template", "llm-reranker"),
+        architectures=("Qwen3ForCausalLM",),
+    ),
+    Family(
+        "CLIP",
+        ("openai/clip-vit-base-patch32",),
+        tiny_clip,
+        "image_text",
+        "clip",
+        "image_text",
+        ref.clip(PICTURES),
+        ("media",),
+    ),
+    Family(
+        "open_clip",
+        ("laion/CLIP-ViT-B-32-laion2B-s34B-b79K",),
+        tiny_open_clip,
+        "image_text",
+        "open_clip",
+        "image_text",
+        ref.open_clip_model(PICTURES),
+        ("open-clip",),
+    ),
+    Family(
+        "SigLIP 2",
+        ("google/siglip2-base-patch16-224",),
+        tiny_siglip2,
+        "image_text",
+        "siglip",
+        "image_text",
+        ref.siglip2(PICTURES),
+        ("media",),
+    ),
+    Family(
+        "SigLIP 2 NaFlex",
+        ("google/siglip2-base-patch16-naflex",),
+        tiny_siglip2_naflex,
+        "image_text",
+        "siglip2",
+        "image_text",
+        ref.siglip2(PICTURES),
+        ("media", "siglip2-naflex"),
+    ),
+)
+
+
+def data_uri(picture: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(picture).decode()
+
+
+def refusal(engine: str, family: Family, device: str = "cpu") -> str | None:
+    """Why `engine` does not serve `family` (a phrase for the table), None where it does: the
+    engine tables' own rule (`choice.check_model`), said short."""
+    if engine == "torch":
+        return None
+    try:
+        choice.check_model("m", engine, "none", family.kind, family.config, device)
+    except ValueError:
+        pass
+    else:
+        return None
+    if family.llm_reranker:
+        return "LLM rerankers: torch only"
+    if family.own_code:
+        return "not its own code"
+    if family.kind not in choice.FAMILIES[engine]:
+        return f"no {family.kind} models"
+    if family.architecture not in choice.ARCHITECTURES[engine]:
+        return f"no '{family.architecture}'"
+    only = choice.ONLY.get((engine, family.architecture), frozenset())
+    return f"'{family.architecture}' as {', '.join(sorted(only))} only"
+
+
+def engines(family: Family) -> tuple[str, ...]:
+    """The engines that serve `family` on a CPU, by the engine tables; the matrix runs each."""
+    return tuple(e for e in ENGINES if refusal(e, family) is None)
+
+
+def auto_picks(family: Family, host: str) -> str:
+    """The engine `auto` runs `family` on for a device class with every engine installed: the first
+    of the engines measured fastest there that serves it, else torch (`choice.choices`)."""
+    if family.llm_reranker:  # its adapter keeps it on torch, the only engine with its LM head rows
+        return "torch"
+    listed = choice.fastest(host, HOSTS[host], family.architecture)
+    serving = (e for e in listed if choice.serves(e, family.kind, family.architecture, host, family.config))
+    return next(serving, "torch")
+
+
+def table() -> str:
+    """The matrix as docs/text-zoo.md shows it: per family, each engine (✔, or why not) and the
+    engine `auto` takes on each device class."""
+    hosts = list(HOSTS)
+    head = ["family", "published examples", *(ENGINE_NAMES[e] for e in ENGINES)]
+    head += [f"`auto`: {HOST_NAMES.get(h, h.upper())}" for h in hosts]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for family in FAMILIES:
+        cells = [family.name, ", ".join(e if " " in e else f"`{e}`" for e in family.examples)]
+        cells += ["✔" if (why := refusal(e, family)) is None else f"no: {why}" for e in ENGINES]
+        cells += [ENGINE_NAMES[auto_picks(family, h)] for h in hosts]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
