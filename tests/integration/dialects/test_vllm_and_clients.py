@@ -1,8 +1,9 @@
 """vLLM's /score, rerank and /pooling over plain HTTP (vLLM's documented shapes), Infinity's own
-client, and what /models says of models that are not loaded yet."""
+client beside litellm's vLLM provider, and what /models says of models that are not loaded yet."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import LiveServer
+from tests.integration.dialects.clients import loopback_only
 from tests.integration.dialects.conftest import MINILM, TEXTS, post
+
+# litellm fetches a price list when it is imported unless told to read its packaged copy.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 pytestmark = pytest.mark.integration
 
@@ -247,6 +252,40 @@ def test_infinity_client_embeddings_and_rerank(dialect_server: LiveServer) -> No
     np.testing.assert_allclose(got, np.asarray([e["embedding"] for e in expected]), atol=1e-6)
     scores = rerank_scores(dialect_server, "ce", "guitar", TEXTS)
     assert [r.index for r in ranked.results] == sorted(range(3), key=lambda i: -scores[i])
+
+
+@pytest.mark.slow  # importing litellm takes about 5 s
+def test_litellm_hosted_vllm_and_infinity_rerank_beside_infinity_client_on_one_server(
+    dialect_server: LiveServer,
+) -> None:
+    """Each with its defaults (litellm asks for documents): `hosted_vllm/` at the server's `/v1`,
+    reading `document.text`; `infinity/` and infinity_client at its root, reading the text itself."""
+    import litellm
+    from infinity_client import Client
+    from infinity_client.api.default import rerank
+    from infinity_client.models import RerankInput, ReRankResult
+
+    with loopback_only() as attempts:
+        vllm = litellm.rerank(
+            model="hosted_vllm/ce", query="guitar", documents=TEXTS, api_base=f"{dialect_server.url}/v1"
+        )
+        infinity = litellm.rerank(model="infinity/ce", query="guitar", documents=TEXTS, api_base=dialect_server.url)
+        with Client(base_url=dialect_server.url, timeout=None) as client:
+            body = RerankInput(query="guitar", documents=TEXTS, model="ce", return_documents=True)
+            own = rerank.sync(client=client, body=body)
+    assert attempts == [], f"a client tried to leave the machine: {attempts}"
+    scores = rerank_scores(dialect_server, "ce", "guitar", TEXTS)
+    best_first = sorted(range(3), key=lambda i: -scores[i])
+    for answer in (vllm, infinity):
+        assert answer.results is not None
+        assert [r["index"] for r in answer.results] == best_first
+        assert [r["document"]["text"] for r in answer.results] == [TEXTS[i] for i in best_first]
+        assert [r["relevance_score"] for r in answer.results] == pytest.approx(
+            [scores[i] for i in best_first], abs=1e-6
+        )
+    assert isinstance(own, ReRankResult)
+    assert [r.index for r in own.results] == best_first
+    assert [r.document for r in own.results] == [TEXTS[i] for i in best_first]  # Infinity's: the text itself
 
 
 def test_models_lists_kind_and_capabilities_before_loading(serve: Any, dialect_models: dict[str, Path]) -> None:
