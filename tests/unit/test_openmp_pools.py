@@ -203,3 +203,17 @@ async def test_a_failing_batch_on_the_shared_thread_fails_only_its_requests(
             await registry.embed("broken", ["a text"])
         answered = await registry.embed("healthy", ["a text"])
         assert len(vectors(answered)) == 1
+
+
+def test_the_openmp_runtime_is_found_where_torch_is_installed_behind_a_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc/self/maps names real paths; a virtualenv reached through a symlink must still match."""
+    from model_registry.backends import torch as torch_backend
+
+    if torch_backend._openmp() is None:
+        pytest.skip("torch does not run on OpenMP here")
+    linked = tmp_path / "site-packages"
+    linked.symlink_to(Path(torch.__file__).resolve().parents[1], target_is_directory=True)
+    monkeypatch.setattr(torch, "__file__", str(linked / "torch" / "__init__.py"))
+    assert torch_backend._openmp.__wrapped__() is not None

@@ -6,6 +6,7 @@ over-long input with truncation off is rejected there, naming its index, the lim
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from copy import copy as shallow_copy
 from dataclasses import dataclass
@@ -98,6 +99,23 @@ class Padded:
     left: bool
 
 
+def special_token_flags(directory: Path) -> dict[str, bool]:
+    """tokenizer_config.json's `add_eos_token`, with `add_bos_token`, where it asks for the end token.
+
+    Models pooled on their last token (e5-mistral and other Mistral and Llama embedders) are
+    trained on `<s> text </s>` and say so there; transformers 5 reads the flags only when they are
+    passed, and without them a `tokenizer.json` adds `<s>` alone, so the last word would be pooled.
+    Both are passed: the end token alone would drop `<s>`."""
+    path = directory / "tokenizer_config.json"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(settings, dict) or settings.get("add_eos_token") is not True:
+        return {}
+    return {"add_eos_token": True, "add_bos_token": settings.get("add_bos_token") is not False}
+
+
 class TextTokenizer:
     """A Hugging Face tokenizer with the model's length limit and padding side, safe to share
     between threads.
@@ -110,7 +128,7 @@ class TextTokenizer:
     def __init__(self, directory: Path, *, max_length: int | None, config: Any, do_lower_case: bool = False) -> None:
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(directory), **special_token_flags(directory))
         positions = usable_positions(config)
         if max_length and positions and max_length > positions and not rotary(config):
             # Past its position table the model fails every longer batch, or reads positions it

@@ -57,9 +57,23 @@ class _CheckedConverter(ctranslate2.converters.TransformersConverter):  # type: 
     def load_model(self, model_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
         # The converter stores the encoder alone; it loads XLM-R as a sequence classifier, whose head
         # an embedder lacks, but never reads that head (a reranker's runs in the adapter, checked there).
-        return from_pretrained_checked(
-            model_class, Path(model_name_or_path), self.task, unread=("classifier.",), **kwargs
+        # It loads RoBERTa and CamemBERT with a pooler, which their classifiers do not ship: their head
+        # reads the first token's state (the adapter's), never the pooler.
+        unread = (
+            ("classifier.", "pooler.") if _classifier_without_pooler(Path(model_name_or_path)) else ("classifier.",)
         )
+        return from_pretrained_checked(model_class, Path(model_name_or_path), self.task, unread=unread, **kwargs)
+
+
+#: Architectures whose sequence classifiers' head reads the first token's state, not a pooler.
+_POOLERLESS_HEADS = frozenset({"roberta", "xlm-roberta", "camembert"})
+
+
+def _classifier_without_pooler(directory: Path) -> bool:
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    architectures = [str(a) for a in config.get("architectures") or ()]
+    classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
+    return classifier and config.get("model_type") in _POOLERLESS_HEADS
 
 
 def convert(directory: Path, staging: Path, trust_remote_code: bool, task: Task) -> None:

@@ -101,7 +101,7 @@ def _openmp() -> ctypes.CDLL | None:
             paths = {line.split()[-1] for line in maps if ".so" in line}
     except OSError:
         return None
-    home = str(Path(torch.__file__).parent)
+    home = str(Path(torch.__file__).resolve().parent)  # the maps list real paths, past any symlink
     for path in sorted(p for p in paths if p.startswith(home) and "omp" in Path(p).name):
         try:
             return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)  # only if already loaded
@@ -147,6 +147,17 @@ _AUTO_CLASSES = {
     "masked-lm": "AutoModelForMaskedLM",
     "causal-lm": "AutoModelForCausalLM",
 }
+
+
+def _auto_class(task: Task, config: Any) -> str:
+    """The transformers class that loads a model for `task`. An encoder-decoder's embedder (T5,
+    sentence-t5, GTR) is its encoder alone (`T5EncoderModel`), which `AutoModel` would load with a
+    decoder its files lack; transformers' text-encoding table names those encoder classes."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES as ENCODERS
+
+    if task == "feature-extraction" and "EncoderModel" in ENCODERS.get(getattr(config, "model_type", ""), ""):
+        return "AutoModelForTextEncoding"
+    return _AUTO_CLASSES[task]
 
 
 def keep_rows(model: Any, rows: tuple[int, ...]) -> None:
@@ -197,15 +208,14 @@ class TorchEngine(Engine):
                 "use backend: onnx or backend: ctranslate2 for int8"
             )
         self.device = resolve_device(options.device)
-        model_type = transformers.AutoConfig.from_pretrained(
-            str(directory), trust_remote_code=options.trust_remote_code
-        ).model_type
+        config = transformers.AutoConfig.from_pretrained(str(directory), trust_remote_code=options.trust_remote_code)
+        model_type = config.model_type
         fp8_dtype = fp8.ready(options.dtype, self.device) if options.quantize == "fp8" else None
         self.torch_dtype = fp8_dtype or resolve_dtype(options.dtype, self.device, model_type)
         self.dtype = str(self.torch_dtype).removeprefix("torch.")
         configure_threads(options.threads)
         self.task = options.task
-        auto_class = getattr(transformers, _AUTO_CLASSES[options.task])
+        auto_class = getattr(transformers, _auto_class(options.task, config))
         model = from_pretrained_checked(
             auto_class, directory, options.task, dtype=self.torch_dtype, trust_remote_code=options.trust_remote_code
         )

@@ -54,6 +54,8 @@ def _answerai(root: Path) -> Path:
 #: Published id -> a tiny random model in its layout.
 LAYOUTS: dict[str, Builder] = {
     "Qwen/Qwen3-Embedding-0.6B": tiny_qwen3_embedding,
+    "Qwen/Qwen3-Embedding-4B": tiny_qwen3_embedding,
+    "Qwen/Qwen3-Embedding-8B": tiny_qwen3_embedding,
     "Qwen/Qwen3-Reranker-0.6B": tiny_qwen3_reranker,
     "Qwen/Qwen3-Reranker-4B": tiny_qwen3_reranker,
     "Qwen/Qwen3-Reranker-8B": tiny_qwen3_reranker,
@@ -86,6 +88,10 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Build
         return build(lay_out_cache(cache, repo, "0123abcd"))
 
     return put
+
+
+def test_every_record_has_a_layout_here() -> None:
+    assert sorted(RECORDS) == sorted(LAYOUTS)
 
 
 @pytest.mark.parametrize("model_id", sorted(LAYOUTS))
