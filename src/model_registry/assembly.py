@@ -11,6 +11,7 @@ from typing import Any
 
 from model_registry import devices, memory
 from model_registry.adapters import Adapter
+from model_registry.adapters.static import ENGINE as STATIC_ENGINE
 from model_registry.admission import COLD_START_COST, Backlog
 from model_registry.batching import BatchQueue
 from model_registry.config import ModelSpec, RegistryConfig
@@ -56,9 +57,10 @@ def assemble(
     handle.state = ModelState.LOADED
 
 
-def memory_device_of(spec: ModelSpec) -> str:
-    # The fake model holds host memory whatever device it is given.
-    return "cpu" if spec.kind == Kind.FAKE else devices.memory_device(spec.device)
+def memory_device_of(spec: ModelSpec, adapter: Adapter) -> str:
+    # The fake model holds host memory whatever device it is given; a static model computes on numpy.
+    host = spec.kind == Kind.FAKE or adapter.backend == STATIC_ENGINE
+    return "cpu" if host else devices.memory_device(spec.device)
 
 
 def batch_tokens(spec: ModelSpec, device: str) -> int:

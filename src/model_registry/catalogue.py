@@ -7,8 +7,9 @@ lengths) are read from the model's own files when it loads and are listed here s
 `infinity-server models --catalogue` and `GET /v1/catalogue` tell what to expect.
 
 `architecture` is the `model_type` the server runs the model as (a native port's, where one
-serves it); `backends.choice.fastest_by_device` joins it with the engines measured fastest per
-device, for the listings.
+serves it; `static_embedding` for sentence-transformers' StaticEmbedding, which has none);
+`backends.choice.fastest_by_device` joins it with the engines measured fastest per device, for the
+listings.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class Record:
     #: Code outside transformers' releases the checkpoint names (`trust_remote_code` needed).
     remote_code: bool = False
     architecture: str = ""
+    #: The engine that runs it on every device, where none is chosen: "numpy" for a static model
+    #: (`adapters/static.py`); empty where `backend: auto` chooses one per device.
+    engine: str = ""
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -73,6 +77,22 @@ def _qwen3_embedding(size: str) -> Record:
         architecture="qwen3",
         note="decoder embedder: last token, left padding; the query prompt carries the task instruction",
     )
+
+
+def _static(model_id: str, architecture: str, note: str) -> Record:
+    return Record(
+        model_id, "dense", {"kind": "dense"}, pooling="mean", architecture=architecture, engine="numpy", note=note
+    )
+
+
+_MODEL2VEC = (
+    "model2vec static model: the mean of its tokens' vectors as StaticModel.encode computes it (normalised where "
+    "config.json's normalize says), cut at config.json's max_length (512 where it names none); numpy, no engine"
+)
+_ST_STATIC = (
+    "sentence-transformers StaticEmbedding (an EmbeddingBag mean), as SentenceTransformer.encode computes it; "
+    "trained for Matryoshka cuts (`dimensions`); numpy, no engine"
+)
 
 
 def _llm_reranker(model_id: str, architecture: str, template: str, true: str, false: str | None, note: str) -> Record:
@@ -219,6 +239,12 @@ _RECORDS: tuple[Record, ...] = (
         {"kind": "image_text"},
         architecture="siglip2",
         note="SigLIP 2 NaFlex: variable-aspect patches up to max_num_patches",
+    ),
+    _static("minishlab/potion-base-8M", "model2vec", _MODEL2VEC),
+    _static("minishlab/potion-retrieval-32M", "model2vec", _MODEL2VEC + "; tuned for retrieval"),
+    _static("sentence-transformers/static-retrieval-mrl-en-v1", "static_embedding", _ST_STATIC),
+    _static(
+        "sentence-transformers/static-similarity-mrl-multilingual-v1", "static_embedding", _ST_STATIC + "; multilingual"
     ),
     Record(
         "sentence-transformers/all-MiniLM-L6-v2",

@@ -4,7 +4,8 @@ sentence-transformers layout: `modules.json` lists the modules (Transformer, Poo
 Normalize); `sentence_bert_config.json` holds max_seq_length and do_lower_case;
 `config_sentence_transformers.json` holds prompts, the default prompt name, `truncate_dim` and the
 similarity function (`similarity_fn_name`).
-Plain transformers directories are recognised by `config.json`'s architectures.
+Plain transformers directories are recognised by `config.json`'s architectures; static embedding
+models (model2vec's layout, sentence-transformers' StaticEmbedding) by their own files.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ _DECODER_TYPES = {
 #: nothing at inference); any other module of the library, or another order, is refused.
 _ST_PIPELINE = ("Transformer", "Pooling", "Dense", "Normalize")
 #: sentence-transformers' input modules that hold no transformers model to read.
-_NO_MODEL_DIRECTORY = frozenset({"StaticEmbedding", "Router", "Asym", "WordEmbeddings", "BoW"})
+_NO_MODEL_DIRECTORY = frozenset({"Router", "Asym", "WordEmbeddings", "BoW"})
+#: What a static model's modules.json may hold after its StaticEmbedding (Dropout does nothing at inference).
+_STATIC_AFTER = frozenset({"Normalize", "Dropout"})
+#: model2vec's `max_length` where its config.json has none (`StaticModel`'s DEFAULT_MAX_LENGTH).
+_MODEL2VEC_MAX_LENGTH = 512
 #: Where sentence-transformers versions before 3 kept the Transformer's settings.
 _ST_CONFIGS = tuple(
     f"sentence_{name}_config.json"
@@ -252,8 +257,9 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
     if set(found.get("modules", ())) & _NO_MODEL_DIRECTORY:  # else a missing config.json would be the error
         _refuse_unserved(root, found)
     facts = _facts(root, Path(found.get("transformer_dir", root)), modules, spec)
-    if rules.first(facts, "layout") is not None:
-        return open_clip_layout(root, spec)
+    claimed = rules.first(facts, "layout")
+    if claimed is not None:
+        return static_layout(root, spec, facts, modules) if claimed.family == "static" else open_clip_layout(root, spec)
     origin = rules.origin(facts)
     transformer_dir, config = facts.transformer_dir, facts.config
     if origin.port:
@@ -359,3 +365,70 @@ def open_clip_layout(root: Path, spec: ModelSpec) -> Layout:
         config=config,
         family="open_clip",
     )
+
+
+def static_layout(root: Path, spec: ModelSpec, facts: rules.Facts, modules: Any) -> Layout:
+    """A static embedding model: model2vec's layout (config.json `model_type: model2vec`, read as
+    model2vec reads it whatever modules.json it also has) or sentence-transformers' StaticEmbedding
+    module, optionally followed by Normalize (read as sentence-transformers reads it)."""
+    rules.family(facts, Kind.DENSE)  # refuses the keys of other families (an LLM reranker's template)
+    if spec.pooling not in (None, "mean"):
+        raise ModelUnavailable(
+            f"{root} holds a static embedding model, the mean of its tokens' vectors: pooling {spec.pooling!r} "
+            "does not apply to it; remove the key"
+        )
+    st_extra: dict[str, Any] = {}
+    if facts.model_type == "model2vec":
+        config, directory, model_type = facts.config, root, "model2vec"
+        normalize, max_length = _model2vec_settings(root, config)
+    else:
+        directory, normalize = _static_modules(root, modules)
+        config, model_type, max_length = {"model_type": "static_embedding"}, "static_embedding", None
+        st_extra = read_json(root / "config_sentence_transformers.json")
+    prompts = {**(st_extra.get("prompts") or {}), **(spec.prompts or {})}
+    return Layout(
+        root=root,
+        kind=Kind.DENSE,
+        transformer_dir=directory,
+        model_type=model_type,
+        architectures=facts.architectures,
+        normalize=spec.normalize if spec.normalize is not None else normalize,
+        max_length=spec.max_length or max_length,
+        truncate_dim=_truncate_dim(st_extra, Kind.DENSE),
+        similarity=_similarity(root, st_extra, Kind.DENSE),
+        prompts=prompts,
+        default_prompt_name=spec.default_prompt_name or st_extra.get("default_prompt_name"),
+        query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),
+        config=config,
+        modules=facts.modules,
+        options=dict(spec.options),
+        notes=_notes(spec, rules.Origin()),
+        family="static",
+    )
+
+
+def _model2vec_settings(root: Path, config: dict[str, Any]) -> tuple[bool, int | None]:
+    """config.json's `normalize` (false where absent) and `max_length` (512 where absent; null: no
+    limit), the two keys model2vec's `encode` reads."""
+    normalize = config.get("normalize", False)
+    max_length = config.get("max_length", _MODEL2VEC_MAX_LENGTH)
+    if not isinstance(normalize, bool):
+        raise ModelUnavailable(f"{root / 'config.json'} sets normalize {normalize!r}; model2vec takes true or false")
+    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
+        raise ModelUnavailable(
+            f"{root / 'config.json'} sets max_length {max_length!r}; model2vec takes a positive count of tokens, "
+            "or null for no limit"
+        )
+    return normalize, max_length
+
+
+def _static_modules(root: Path, modules: Any) -> tuple[Path, bool]:
+    """The StaticEmbedding module's directory, and whether a Normalize follows it."""
+    entries = [m for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    names = [st_class(str(m.get("type", ""))) or str(m.get("type", "")) for m in entries]
+    if names[:1] != ["StaticEmbedding"] or set(names[1:]) - _STATIC_AFTER:
+        raise ModelUnavailable(
+            f"{root}/modules.json has {', '.join(names)}: a static embedding model here runs sentence-transformers' "
+            "StaticEmbedding module, then Normalize if it has one, and would answer other vectors than the model's"
+        )
+    return root / str(entries[0].get("path", "")), "Normalize" in names

@@ -5,7 +5,8 @@ matches: a kind, a family (the adapter that serves a layout unlike its kind's de
 the model's code comes from, or a refusal with its message. Four stages run in this order, and
 in each the first rule that matches decides:
 
-- `layout`: what kind of directory this is at all (an open_clip checkpoint, or no model);
+- `layout`: what kind of directory this is at all (an open_clip checkpoint, a static embedding
+  model, or no model);
 - `code`: whose code runs the model (transformers' native port of a hub-code family, the
   checkpoint's own code when trusted, or a refusal);
 - `kind`: the kind, when the entry leaves `kind: auto` (a directory no rule claims is dense);
@@ -227,6 +228,23 @@ def _rerank_keys_message(facts: Facts) -> str:
     )
 
 
+def _sentence_transformers_static(facts: Facts) -> bool:
+    """modules.json names sentence-transformers' StaticEmbedding (under any of its releases' paths)."""
+    return any(t.startswith("sentence_transformers.") and t.endswith(".StaticEmbedding") for t in facts.module_types)
+
+
+def _static(facts: Facts) -> bool:
+    return facts.model_type == "model2vec" or _sentence_transformers_static(facts)
+
+
+def _static_kind_message(facts: Facts) -> str:
+    kind = facts.kind.value if facts.kind else "auto"
+    return (
+        f"{facts.root} holds a static embedding model (a table of token vectors, averaged): it is served as kind "
+        f"dense only, not {kind}"
+    )
+
+
 def _media_kind(facts: Facts) -> Kind:
     found = [_MEDIA_ARCHITECTURES[a] for a in facts.architectures if a in _MEDIA_ARCHITECTURES]
     return found[0] if found else _MEDIA_TYPES[facts.model_type]
@@ -240,6 +258,31 @@ RULES: tuple[Rule, ...] = (
         "an open_clip checkpoint: kind `image_text`, served by `adapters/open_clip.py`",
         kind=Kind.IMAGE_TEXT,
         family="open_clip",
+    ),
+    Rule(
+        "static-not-dense",
+        "layout",
+        lambda f: _static(f) and f.kind not in (None, Kind.DENSE),
+        "refused: a static embedding model with a kind other than `dense`",
+        refusal=_static_kind_message,
+    ),
+    Rule(
+        "model2vec",
+        "layout",
+        lambda f: f.model_type == "model2vec",
+        "a model2vec static model (config.json's `model_type: model2vec`): kind `dense`, computed as model2vec's "
+        "`StaticModel.encode` on numpy, no engine (`adapters/static.py`)",
+        kind=Kind.DENSE,
+        family="static",
+    ),
+    Rule(
+        "static-embedding",
+        "layout",
+        _sentence_transformers_static,
+        "sentence-transformers' StaticEmbedding module: kind `dense`, computed as `SentenceTransformer.encode` on "
+        "numpy, no engine (`adapters/static.py`)",
+        kind=Kind.DENSE,
+        family="static",
     ),
     Rule(
         "no-config",

@@ -250,7 +250,7 @@ class Lifecycle:
         deadline = time.monotonic() + self.config.load_timeout
         build_process.DEADLINE.set(deadline)  # an export still running then is killed, not left behind
         adapter = await self._off_loop(deadline, None, create_adapter, spec)
-        handle.device = memory_device_of(spec)
+        handle.device = memory_device_of(spec, adapter)
         options = LoadOptions(
             device=spec.device,
             dtype=spec.dtype,

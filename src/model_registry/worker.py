@@ -17,6 +17,7 @@ pass and postprocess to the CPU's one torch thread (`devices.torch_thread`) and 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import math
 import queue
@@ -124,6 +125,8 @@ def side_thread() -> None:
     threads than cores, libgomp stops them spinning between operators, and the forward passes of
     every model slow down (1.3x on 2 cores). The pool that computes (`devices.torch_thread`'s on
     a CPU) is the one that needs the cores; resizing an image or stacking a batch does not."""
+    if importlib.util.find_spec("torch") is None:  # installed without torch: no pool to confine
+        return
     from model_registry.backends import torch as torch_backend
 
     try:

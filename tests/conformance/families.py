@@ -36,6 +36,7 @@ from tests.builders.llm_rerankers import (
     with_chat_template,
 )
 from tests.builders.media import image_bytes, tiny_clip, tiny_open_clip, tiny_siglip2, tiny_siglip2_naflex
+from tests.builders.static import tiny_potion, tiny_static_embedding
 from tests.builders.text import tiny_bert
 from tests.builders.zoo import (
     tiny_bge_m3,
@@ -53,7 +54,7 @@ from tests.integration.zoo.test_remote_code import tiny_remote_code_model
 Probe = Literal["dense", "rerank", "classify", "sparse", "multivector", "multi_output", "image_text"]
 
 ENGINES = ("torch", "onnx", "ctranslate2")
-ENGINE_NAMES = {"torch": "torch", "onnx": "ONNX Runtime", "ctranslate2": "CTranslate2"}
+ENGINE_NAMES = {"torch": "torch", "onnx": "ONNX Runtime", "ctranslate2": "CTranslate2", "numpy": "numpy"}
 #: The device classes `auto` tells apart, each with the precision it runs a model in by default.
 HOSTS = {"cpu/avx2": "fp32", "cpu/avx512_vnni": "fp32", "cpu/amx": "fp32", "cpu/other": "fp32", "cuda": "float16"}
 HOST_NAMES = {"cpu/avx2": "AVX2", "cpu/avx512_vnni": "AVX-512 VNNI", "cpu/amx": "AMX", "cpu/other": "other CPU"}
@@ -92,6 +93,9 @@ class Family:
     architectures: tuple[str, ...] = ()
     #: Whether its own code runs it (config.json's `auto_map`, `trust_remote_code: true`).
     own_code: bool = False
+    #: Whether it runs on no engine (a static model: numpy in its adapter): served with no backend
+    #: key alone, each engine named in its entry a start-up error.
+    engineless: bool = False
 
     @property
     def llm_reranker(self) -> bool:
@@ -370,6 +374,32 @@ FAMILIES: tuple[Family, ...] = (
         architectures=("Qwen3ForCausalLM",),
     ),
     Family(
+        "model2vec static model",
+        ("minishlab/potion-base-8M", "minishlab/potion-retrieval-32M"),
+        tiny_potion,
+        "dense",
+        "model2vec",
+        "dense",
+        ref.model2vec(),
+        ("model2vec",),
+        texts=(*TEXTS, "qqq hello qqq"),  # `qqq` is the unknown token, which model2vec drops
+        engineless=True,
+    ),
+    Family(
+        "sentence-transformers StaticEmbedding",
+        (
+            "sentence-transformers/static-retrieval-mrl-en-v1",
+            "sentence-transformers/static-similarity-mrl-multilingual-v1",
+        ),
+        tiny_static_embedding,
+        "dense",
+        "static_embedding",
+        "dense",
+        ref.sentence_transformers(),
+        ("static-embedding",),
+        engineless=True,
+    ),
+    Family(
         "CLIP",
         ("openai/clip-vit-base-patch32",),
         tiny_clip,
@@ -419,6 +449,8 @@ def data_uri(picture: bytes) -> str:
 def refusal(engine: str, family: Family, device: str = "cpu") -> str | None:
     """Why `engine` does not serve `family` (a phrase for the table), None where it does: the
     engine tables' own rule (`choice.check_model`), said short."""
+    if family.engineless:
+        return "static, runs on numpy"
     if engine == "torch":
         return None
     try:
@@ -449,6 +481,8 @@ def auto_picks(family: Family, host: str) -> str:
     of the engines measured fastest there that serves it, else torch (`choice.choices`)."""
     if family.llm_reranker:  # its adapter keeps it on torch, the only engine with its LM head rows
         return "torch"
+    if family.engineless:
+        return "numpy"
     listed = choice.fastest(host, HOSTS[host], family.architecture)
     serving = (e for e in listed if choice.serves(e, family.kind, family.architecture, host, family.config))
     return next(serving, "torch")

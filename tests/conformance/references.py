@@ -51,6 +51,17 @@ def sentence_transformers() -> Reference:
     return encode
 
 
+def model2vec() -> Reference:
+    """model2vec's `StaticModel.encode` (its cuts, no special tokens, the unknown token dropped)."""
+
+    def encode(directory: Path, texts: Sequence[str], queries: bool) -> list[Answer]:
+        from model2vec import StaticModel
+
+        return [np.asarray(StaticModel.from_pretrained(str(directory)).encode(list(texts)))]
+
+    return encode
+
+
 def mean_pooled(prompts: dict[str, str]) -> Reference:
     """transformers' model (its native port where one exists), mean pooled and normalised, each text
     alone behind the model's document, then query, prefix."""

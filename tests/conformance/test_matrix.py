@@ -2,7 +2,8 @@
 once with no `backend` key at all, over HTTP, equal to its reference implementation on the same
 weights within 1e-4 in fp32, a batch equal to its inputs asked one by one.
 
-The engines a family runs on are read from the engine tables, and `auto`'s choice is checked on
+The engines a family runs on are read from the engine tables (a static model runs on none: its
+row's cells are refusals, each checked as a start-up error), and `auto`'s choice is checked on
 every device class (AVX2, AVX-512 VNNI, AMX, another CPU, CUDA), forced on this CPU: whatever
 `auto` could pick for a family is an engine this matrix runs it on. docs/text-zoo.md shows the
 matrix as `families.table()` renders it.
@@ -20,6 +21,8 @@ import pytest
 from model_registry import detect_rules
 from model_registry.backends import choice
 from model_registry.catalogue import RECORDS
+from model_registry.errors import ConfigError
+from model_registry.registry import Registry
 from tests.conformance.families import (
     ENGINES,
     FAMILIES,
@@ -178,7 +181,14 @@ def test_each_family_answers_as_its_reference_on_every_engine_and_with_no_backen
                 failures.append(f"{cell}: {worst:.2e} from the reference, {apart:.2e} batched from single")
         served = client.get("/v1/models/auto").json()["backend"]
     assert not failures, f"{name}: " + "; ".join(failures)
-    assert served in engines(family), f"{name}: no backend key runs it on {served}"
+    if not family.engineless:
+        assert served in engines(family), f"{name}: no backend key runs it on {served}"
+        return
+    assert served == "numpy", f"{name}: no backend key runs it on {served}"
+    for engine in ENGINES:  # the table's "no" in each engine's column
+        entry = {"name": "m", "source": str(directory), **family.entry, "backend": engine}
+        with pytest.raises(ConfigError, match="without an engine"):
+            Registry.from_config({"models": [entry]})
 
 
 @pytest.mark.parametrize("host", list(HOSTS))
@@ -189,6 +199,9 @@ def test_auto_picks_an_engine_the_matrix_runs_on_every_device_class(host: str, m
     device = "cuda" if host == "cuda" else "cpu"
     for family in FAMILIES:
         picked = auto_picks(family, host)
+        if family.engineless:  # its adapter never asks `choices`
+            assert picked == "numpy", f"{family.name} on {host}: auto picks {picked}"
+            continue
         assert picked in engines(family), f"{family.name} on {host}: auto picks {picked}"
         if not family.llm_reranker:
             chosen = choice.choices("m", "auto", "none", family.kind, family.config, device, host=host)

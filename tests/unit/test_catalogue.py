@@ -34,6 +34,10 @@ PUBLISHED = [
     "google/siglip2-base-patch16-224",
     "google/siglip2-base-patch16-naflex",
     "sentence-transformers/all-MiniLM-L6-v2",
+    "minishlab/potion-base-8M",
+    "minishlab/potion-retrieval-32M",
+    "sentence-transformers/static-retrieval-mrl-en-v1",
+    "sentence-transformers/static-similarity-mrl-multilingual-v1",
 ]
 
 
@@ -102,8 +106,12 @@ def test_the_zoo_page_lists_every_record() -> None:
 #: Written from the engine tables of docs/backends.md ("How to pick", "Per architecture"): BERT
 #: takes CTranslate2 on AVX2/AVX-512 CPUs, torch on AMX, ONNX Runtime float16 on CUDA; ModernBERT
 #: and jina-embeddings-v3 were measured on an AVX2 CPU only, torch fastest there; an LLM reranker
-#: runs on torch only.
+#: runs on torch only; a static model on numpy, on every device.
 EXPECTED_FASTEST = {
+    "minishlab/potion-base-8M": dict.fromkeys(("cpu/avx2", "cpu/avx512_vnni", "cpu/amx", "cuda"), "numpy"),
+    "sentence-transformers/static-retrieval-mrl-en-v1": dict.fromkeys(
+        ("cpu/avx2", "cpu/avx512_vnni", "cpu/amx", "cuda"), "numpy"
+    ),
     "sentence-transformers/all-MiniLM-L6-v2": {
         "cpu/avx2": "ctranslate2 fp32",
         "cpu/avx512_vnni": "ctranslate2 fp32",
@@ -141,8 +149,8 @@ def test_a_records_fastest_is_what_auto_takes_with_every_engine_installed(
     monkeypatch.setattr(choice, "available", lambda engine, where: True)
     device = "cuda" if host == "cuda" else "cpu"
     for record in catalogue_listing():
-        if host not in record["fastest"] or record.get("template"):
-            continue
+        if host not in record["fastest"] or record.get("template") or record.get("engine"):
+            continue  # LLM rerankers stay on torch and static models on numpy: neither asks `choose`
         config = {"model_type": record["architecture"]}
         picked = choice.choose("m", "auto", "none", record["kind"], config, device, host=host)
         assert record["fastest"][host].split()[0] == picked.backend, record["id"]

@@ -41,6 +41,11 @@ JINA = {
 JINA_HF = {"model_type": "jina_embeddings_v3", "architectures": ["JinaEmbeddingsV3Model"]}
 
 
+#: model2vec's config.json, and the modules.json it writes for sentence-transformers.
+MODEL2VEC = {"model_type": "model2vec", "architectures": ["StaticModel"], "normalize": True}
+STATIC = {"idx": 0, "name": "0", "path": ".", "type": "sentence_transformers.models.StaticEmbedding"}
+SPARSE_STATIC = "sentence_transformers.sparse_encoder.models.SparseStaticEmbedding"
+
 #: Qwen3-VL-Embedding's config.json, as far as detection reads it.
 QWEN3_VL = {"model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"], "vision_config": {}}
 
@@ -68,6 +73,18 @@ CASES: dict[str, tuple[Case, Case | None]] = {
     "open-clip": (
         Case({"open_clip_config.json": {"model_cfg": {}}}),
         Case({"open_clip_config.json": {"model_cfg": {}}, "config.json": BERT}),
+    ),
+    "static-not-dense": (
+        Case({"config.json": MODEL2VEC}, {"kind": "sparse"}),
+        Case({"modules.json": [STATIC]}, {"kind": "dense"}),
+    ),
+    "model2vec": (
+        Case({"config.json": MODEL2VEC, "modules.json": [STATIC]}),
+        Case({"config.json": BERT, "modules.json": [TRANSFORMER]}),
+    ),
+    "static-embedding": (
+        Case({"modules.json": [{**STATIC, "path": "0_StaticEmbedding"}]}),
+        Case({"modules.json": [{**STATIC, "type": SPARSE_STATIC}]}),
     ),
     "no-config": (Case({"tokenizer.json": {}}), Case({"config.json": BERT})),
     "vision-language": (
@@ -163,6 +180,8 @@ CASES: dict[str, tuple[Case, Case | None]] = {
 #: What each rule that decides something decides on its directory above.
 DECIDES: dict[str, Kind | str | bool] = {
     "open-clip": "open_clip",
+    "model2vec": "static",
+    "static-embedding": "static",
     "native-port": False,
     "jina-lora-port": False,
     "remote-code": True,

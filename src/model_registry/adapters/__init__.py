@@ -76,7 +76,10 @@ FAMILY_FACTORIES: dict[str, str] = {
     "naflex": "model_registry.adapters.naflex:NaflexAdapter",
     "llm_reranker": "model_registry.adapters.llm_reranker:LlmRerankerAdapter",
     "jina_lora": "model_registry.adapters.jina_lora:JinaLoraAdapter",
+    "static": "model_registry.adapters.static:StaticAdapter",
 }
+#: Families whose adapters run on numpy and tokenizers alone: no torch, no transformers imported.
+LIGHT_FAMILIES = frozenset({"static"})
 
 
 #: Held while a load imports its adapter and, the first time, transformers' model code: transformers'
@@ -86,15 +89,21 @@ FAMILY_FACTORIES: dict[str, str] = {
 _importing = threading.Lock()
 
 
-def _import(target: str) -> Any:
+def _import(target: str, *, light: bool = False) -> Any:
+    """The adapter class `target` names; unless `light`, with transformers' code imported once."""
     module, _, name = target.partition(":")
     try:
         with _importing:
             found = getattr(importlib.import_module(module), name)
-            if importlib.util.find_spec("transformers") is not None:
+            if not light and importlib.util.find_spec("transformers") is not None:
                 _import_transformers()
         return found
     except ImportError as error:
+        if light:
+            raise ModelUnavailable(
+                f"a package this model needs is not installed ({error.name}); reinstall the project: "
+                "pip install infinity-server"
+            ) from error
         raise ModelUnavailable(
             f"the backend for this model is not installed ({error.name}); install the project with its "
             "'torch' extra: pip install 'infinity-server[torch]'"
@@ -128,5 +137,5 @@ def create_adapter(spec: ModelSpec) -> Adapter:
             raise ModelUnavailable(str(error)) from None
     target = FAMILY_FACTORIES[layout.family] if layout.family else FACTORIES[layout.kind]
     # Only a checkpoint whose own code is needed runs it; a native port runs transformers' code.
-    adapter: Adapter = _import(target)(layout, layout.remote_code)
+    adapter: Adapter = _import(target, light=layout.family in LIGHT_FAMILIES)(layout, layout.remote_code)
     return adapter

@@ -377,10 +377,16 @@ def fastest_by_device(kind: str, model_type: str, *, llm_reranker: bool = False)
 
 def catalogue_listing() -> list[dict[str, Any]]:
     """The catalogue's records as listed (`GET /v1/catalogue`, `infinity-server models
-    --catalogue`), each with `fastest`: its engine per device kind."""
+    --catalogue`), each with `fastest`: its engine per device kind (a record's own `engine` on each,
+    where it names one)."""
     from model_registry.catalogue import RECORDS
 
     return [
-        {**r.as_dict(), "fastest": fastest_by_device(r.kind, r.architecture, llm_reranker=r.template is not None)}
+        {
+            **r.as_dict(),
+            "fastest": dict.fromkeys(MEASURED_HOSTS, r.engine)
+            if r.engine
+            else fastest_by_device(r.kind, r.architecture, llm_reranker=r.template is not None),
+        }
         for r in RECORDS.values()
     ]

@@ -28,6 +28,7 @@ from tests.builders.llm_rerankers import (
     tiny_qwen3_reranker,
 )
 from tests.builders.media import tiny_siglip2, tiny_siglip2_naflex
+from tests.builders.static import tiny_potion, tiny_static_embedding
 from tests.builders.text import tiny_bert
 from tests.builders.zoo import tiny_bge_m3, tiny_modern_colbert, tiny_pylate, tiny_xlmr_cross_encoder
 from tests.integration.zoo.test_jina_v3 import SENTENCES as JINA_SENTENCES
@@ -75,6 +76,10 @@ LAYOUTS: dict[str, Builder] = {
     "nomic-ai/nomic-embed-text-v1.5": tiny_nomic,
     "Alibaba-NLP/gte-multilingual-base": tiny_gte_multilingual,
     "jinaai/jina-embeddings-v3": tiny_jina_v3,
+    "minishlab/potion-base-8M": tiny_potion,
+    "minishlab/potion-retrieval-32M": tiny_potion,
+    "sentence-transformers/static-retrieval-mrl-en-v1": tiny_static_embedding,
+    "sentence-transformers/static-similarity-mrl-multilingual-v1": tiny_static_embedding,
 }
 
 

@@ -126,11 +126,18 @@ def test_an_unknown_similarity_function_is_refused_at_load(bert: Path, tmp_path:
     assert "'cosine', 'dot', 'euclidean', 'manhattan'" in message
 
 
-def test_a_static_embedding_model_is_refused_naming_the_module(tmp_path: Path) -> None:
+def test_a_static_embedding_pipeline_with_another_module_is_refused_naming_it(tmp_path: Path) -> None:
+    """StaticEmbedding alone, or then Normalize, is served (tests/integration/zoo/test_static.py);
+    a Dense after it is not."""
     import sentence_transformers.sentence_transformer.modules as library
     from sentence_transformers import SentenceTransformer
 
     static = library.StaticEmbedding(wordpiece_tokenizer().backend_tokenizer, embedding_dim=HIDDEN)
-    SentenceTransformer(modules=[static], device="cpu").save(str(tmp_path / "m"))
-    with pytest.raises(ModelUnavailable, match="the StaticEmbedding module"):
-        served(tmp_path / "m")
+    modules: list[Any] = [static, library.Dense(HIDDEN, 8)]
+    SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "m"))
+    entry = {"name": "m", "source": str(tmp_path / "m")}  # a static model takes no backend key
+    with (
+        SyncRegistry.from_config({"models": [entry]}) as registry,
+        pytest.raises(ModelUnavailable, match=r"modules\.json has StaticEmbedding, Dense"),
+    ):
+        registry.embed("m", TEXTS)
