@@ -273,8 +273,6 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         _refuse_unserved(root, found)
     family = rules.family(facts, kind)
     st_extra = read_json(root / "config_sentence_transformers.json")
-    prompts = dict(st_extra.get("prompts") or {})
-    prompts.update(spec.prompts or {})
     return Layout(
         root=root,
         kind=kind,
@@ -283,23 +281,35 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         architectures=facts.architectures,
         pooling=spec.pooling or found["pooling"],
         include_prompt=found.get("include_prompt", True),
-        normalize=spec.normalize if spec.normalize is not None else found.get("normalize", False),
-        max_length=spec.max_length or found.get("max_length"),
         do_lower_case=found.get("do_lower_case", False),
         dense_layers=tuple(found.get("dense_layers", ())),
-        truncate_dim=_truncate_dim(st_extra, kind),
-        similarity=_similarity(root, st_extra, kind),
-        prompts=prompts,
-        default_prompt_name=spec.default_prompt_name or st_extra.get("default_prompt_name"),
-        query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),
         config=config,
         modules=facts.modules,
-        options=dict(spec.options),
+        **_entry_settings(root, spec, st_extra, kind, found.get("normalize", False), found.get("max_length")),
         rerank_prompt=_rerank_prompt(transformer_dir, family, model_type, facts.architectures, spec),
         remote_code=origin.remote,
         notes=_notes(spec, origin),
         family=family,
     )
+
+
+def _entry_settings(
+    root: Path, spec: ModelSpec, st_extra: dict[str, Any], kind: Kind, normalize: bool, max_length: int | None
+) -> dict[str, Any]:
+    """The Layout fields the files give and the entry may override: normalisation and length
+    (as the files say them: `normalize`, `max_length`), prompts, Matryoshka cut and similarity
+    (config_sentence_transformers.json's `st_extra`), and the entry's options."""
+    prompts = {**(st_extra.get("prompts") or {}), **(spec.prompts or {})}
+    return {
+        "normalize": spec.normalize if spec.normalize is not None else normalize,
+        "max_length": spec.max_length or max_length,
+        "truncate_dim": _truncate_dim(st_extra, kind),
+        "similarity": _similarity(root, st_extra, kind),
+        "prompts": prompts,
+        "default_prompt_name": spec.default_prompt_name or st_extra.get("default_prompt_name"),
+        "query_prompt_name": spec.query_prompt_name or ("query" if "query" in prompts else None),
+        "options": dict(spec.options),
+    }
 
 
 def read_facts(root: Path, spec: ModelSpec) -> rules.Facts:
@@ -385,23 +395,15 @@ def static_layout(root: Path, spec: ModelSpec, facts: rules.Facts, modules: Any)
         directory, normalize = _static_modules(root, modules)
         config, model_type, max_length = {"model_type": "static_embedding"}, "static_embedding", None
         st_extra = read_json(root / "config_sentence_transformers.json")
-    prompts = {**(st_extra.get("prompts") or {}), **(spec.prompts or {})}
     return Layout(
         root=root,
         kind=Kind.DENSE,
         transformer_dir=directory,
         model_type=model_type,
         architectures=facts.architectures,
-        normalize=spec.normalize if spec.normalize is not None else normalize,
-        max_length=spec.max_length or max_length,
-        truncate_dim=_truncate_dim(st_extra, Kind.DENSE),
-        similarity=_similarity(root, st_extra, Kind.DENSE),
-        prompts=prompts,
-        default_prompt_name=spec.default_prompt_name or st_extra.get("default_prompt_name"),
-        query_prompt_name=spec.query_prompt_name or ("query" if "query" in prompts else None),
         config=config,
         modules=facts.modules,
-        options=dict(spec.options),
+        **_entry_settings(root, spec, st_extra, Kind.DENSE, normalize, max_length),
         notes=_notes(spec, rules.Origin()),
         family="static",
     )

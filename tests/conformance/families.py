@@ -477,15 +477,12 @@ def engines(family: Family) -> tuple[str, ...]:
 
 
 def auto_picks(family: Family, host: str) -> str:
-    """The engine `auto` runs `family` on for a device class with every engine installed: the first
-    of the engines measured fastest there that serves it, else torch (`choice.choices`)."""
+    """The engine `auto` runs `family` on for a device class with every engine installed."""
     if family.llm_reranker:  # its adapter keeps it on torch, the only engine with its LM head rows
         return "torch"
     if family.engineless:
         return "numpy"
-    listed = choice.fastest(host, HOSTS[host], family.architecture)
-    serving = (e for e in listed if choice.serves(e, family.kind, family.architecture, host, family.config))
-    return next(serving, "torch")
+    return choice.auto_engine(host, HOSTS[host], family.kind, family.architecture, family.config)
 
 
 def table() -> str:

@@ -18,6 +18,7 @@ from torch.utils.dlpack import from_dlpack
 from model_registry.adapters import segments
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.engines import engines_for
+from model_registry.adapters.items import embed_item
 from model_registry.adapters.pooling import exclude_prompt, pool
 from model_registry.adapters.text import TextTokenizer, Tokens
 from model_registry.backends import create_engine
@@ -377,12 +378,7 @@ class DenseAdapter(TextEncoder):
         return [Prepared(i, len(t.ids), len(t.ids), t) for i, t in enumerate(tokens)]
 
     def _check(self, index: int, item: Item) -> EmbedItem:
-        if not isinstance(item, EmbedItem):
-            raise UnsupportedOperation(f"a dense embedding model cannot take {type(item).__name__}")
-        if item.outputs - {Output.DENSE}:
-            asked = ", ".join(sorted(o.value for o in item.outputs))
-            raise UnsupportedOperation(f"this model produces dense vectors only, not {asked}", param="outputs")
-        return item
+        return embed_item(item, frozenset({Output.DENSE}), "a dense embedding model")
 
     def collate(self, items: Sequence[Prepared]) -> TextBatch:
         return self.text_batch(items)

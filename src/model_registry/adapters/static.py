@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from model_registry.adapters.base import Adapter, LoadOptions
+from model_registry.adapters.items import embed_item
 from model_registry.detect import Layout
-from model_registry.errors import InputTooLong, InvalidInput, ModelUnavailable, UnsupportedOperation
+from model_registry.errors import InputTooLong, InvalidInput, ModelUnavailable
 from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Output, Prepared, Result, Text, TokenIds
 
 #: What `/models` says runs a static model, in place of an engine.
@@ -37,6 +38,7 @@ ENGINE = "numpy"
 _WHY = "a static embedding model: a table lookup and a mean on numpy, run by no engine"
 #: The tensor names of model2vec's model.safetensors.
 _EMBEDDINGS, _WEIGHTS, _MAPPING = "embeddings", "weights", "mapping"
+_DENSE = frozenset({Output.DENSE})
 
 
 def refused_settings(backend: str, quantize: str, dtype: str, device: str, cuda_graphs: object = "auto") -> str | None:
@@ -215,11 +217,7 @@ class StaticAdapter(Adapter):
         return prepared
 
     def _check(self, index: int, item: Item) -> EmbedItem:
-        if not isinstance(item, EmbedItem):
-            raise UnsupportedOperation(f"a static embedding model cannot take {type(item).__name__}")
-        if item.outputs - {Output.DENSE}:
-            asked = ", ".join(sorted(o.value for o in item.outputs))
-            raise UnsupportedOperation(f"this model produces dense vectors only, not {asked}", param="outputs")
+        item = embed_item(item, _DENSE, "a static embedding model")
         if not isinstance(item.content, Text | TokenIds):
             raise InvalidInput(f"input {index}: this model embeds text only", param="input")
         return item

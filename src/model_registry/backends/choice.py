@@ -369,10 +369,16 @@ def fastest_by_device(kind: str, model_type: str, *, llm_reranker: bool = False)
     for host, precision in MEASURED_HOSTS.items():
         if own is not None and (host, precision) not in own:
             continue
-        listed = () if llm_reranker else fastest(host, precision, model_type)
-        served = (e for e in listed if serves(e, kind, model_type, host))
-        chosen[host] = f"{next(served, 'torch')} {precision}"
+        engine = "torch" if llm_reranker else auto_engine(host, precision, kind, model_type)
+        chosen[host] = f"{engine} {precision}"
     return chosen
+
+
+def auto_engine(host: str, precision: str, kind: str, model_type: str, config: dict[str, Any] | None = None) -> str:
+    """The engine `auto` takes on `host` in `precision` with every engine installed: the first of
+    `fastest` that serves the model (`config` given: its own code included), else torch."""
+    served = (e for e in fastest(host, precision, model_type) if serves(e, kind, model_type, host, config))
+    return next(served, "torch")
 
 
 def catalogue_listing() -> list[dict[str, Any]]:
