@@ -150,6 +150,21 @@ def _no_pooling(facts: Facts) -> bool:
     return "Pooling" not in facts.modules
 
 
+def _seq2seq_generator(facts: Facts) -> bool:
+    """An encoder-decoder that generates text (T5ForConditionalGeneration, Whisper's)."""
+    generates = any(a.endswith("ForConditionalGeneration") for a in facts.architectures)
+    return generates and facts.config.get("is_encoder_decoder") is True
+
+
+def _seq2seq_message(facts: Facts) -> str:
+    return (
+        f"{facts.root} holds a sequence-to-sequence model ({', '.join(facts.architectures)}) with no "
+        "sentence-transformers pooling: it generates text, and its files do not say its encoder embeds it. "
+        "Encoder embedders of this kind (sentence-t5, GTR) ship their sentence-transformers modules; set "
+        "`kind: dense` to mean-pool its encoder anyway."
+    )
+
+
 def _masked_lm_only(facts: Facts) -> bool:
     return bool(facts.architectures) and all(a.endswith("ForMaskedLM") for a in facts.architectures)
 
@@ -424,6 +439,14 @@ RULES: tuple[Rule, ...] = (
         lambda f: is_causal_lm(f.architectures) and _no_pooling(f),
         "refused: a causal LM is not an embedder unless its sentence-transformers modules or `kind:` say so",
         refusal=_causal_lm_message,
+    ),
+    Rule(
+        "seq2seq-without-pooling",
+        "kind",
+        lambda f: _seq2seq_generator(f) and _no_pooling(f),
+        "refused: a text-generating encoder-decoder (T5) is not an embedder unless its sentence-transformers "
+        "modules or `kind:` say so",
+        refusal=_seq2seq_message,
     ),
     Rule(
         "bare-masked-lm",

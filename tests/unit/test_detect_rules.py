@@ -21,6 +21,7 @@ from model_registry.types import Kind
 
 BERT = {"model_type": "bert", "architectures": ["BertModel"]}
 QWEN3_LM = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+T5_LM = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "is_encoder_decoder": True}
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
 POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
 POOLED = {"modules.json": [TRANSFORMER, POOLING], "1_Pooling/config.json": {"pooling_mode_cls_token": True}}
@@ -154,6 +155,7 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"config.json": BERT}),
     ),
     "causal-lm-without-pooling": (Case({"config.json": QWEN3_LM}), Case({**POOLED, "config.json": QWEN3_LM})),
+    "seq2seq-without-pooling": (Case({"config.json": T5_LM}), Case({**POOLED, "config.json": T5_LM})),
     "bare-masked-lm": (
         Case({"config.json": {**BERT, "architectures": ["BertForMaskedLM"]}}),
         Case({**POOLED, "config.json": {**BERT, "architectures": ["BertForMaskedLM"]}}),
