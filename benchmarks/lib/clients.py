@@ -41,11 +41,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-async def send(client: httpx.AsyncClient, texts: list[str], encoding_format: str = "float") -> tuple[float, int]:
+async def send(
+    client: httpx.AsyncClient, texts: list[str], encoding_format: str = "float", model: str = MODEL
+) -> tuple[float, int]:
     """One request, its answer read as a client would: JSON numbers parsed, or (with "base64", what
     the openai client asks for by default) each vector decoded into a numpy array."""
     started = time.perf_counter()
-    body: dict[str, Any] = {"model": MODEL, "input": texts}
+    body: dict[str, Any] = {"model": model, "input": texts}
     if encoding_format != "float":
         body["encoding_format"] = encoding_format
     response = await client.post("/v1/embeddings", json=body)
@@ -57,7 +59,14 @@ async def send(client: httpx.AsyncClient, texts: list[str], encoding_format: str
     return time.perf_counter() - started, int(answer["usage"]["total_tokens"])
 
 
-async def bulk(url: str, name: str, requests: list[list[str]], clients: int = 4, encoding_format: str = "float") -> Run:
+async def bulk(
+    url: str,
+    name: str,
+    requests: list[list[str]],
+    clients: int = 4,
+    encoding_format: str = "float",
+    model: str = MODEL,
+) -> Run:
     queue: asyncio.Queue[list[str]] = asyncio.Queue()
     for request in requests:
         queue.put_nowait(request)
@@ -68,7 +77,7 @@ async def bulk(url: str, name: str, requests: list[list[str]], clients: int = 4,
         nonlocal tokens
         async with client:
             while not queue.empty():
-                seconds, used = await send(client, queue.get_nowait(), encoding_format)
+                seconds, used = await send(client, queue.get_nowait(), encoding_format, model)
                 latencies.append(seconds)
                 tokens += used
 

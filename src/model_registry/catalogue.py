@@ -89,6 +89,10 @@ _MODEL2VEC = (
     "model2vec static model: the mean of its tokens' vectors as StaticModel.encode computes it (normalised where "
     "config.json's normalize says), cut at config.json's max_length (512 where it names none); numpy, no engine"
 )
+_INFERENCE_FREE = (
+    "inference-free sparse (a sentence-transformers Router): queries weighted by its IDF table on numpy, "
+    "documents by SPLADE (log1p_relu, max); the side follows prompt_name or input_type, documents by default"
+)
 _ST_STATIC = (
     "sentence-transformers StaticEmbedding (an EmbeddingBag mean), as SentenceTransformer.encode computes it; "
     "trained for Matryoshka cuts (`dimensions`); numpy, no engine"
@@ -239,6 +243,20 @@ _RECORDS: tuple[Record, ...] = (
         {"kind": "image_text"},
         architecture="siglip2",
         note="SigLIP 2 NaFlex: variable-aspect patches up to max_num_patches",
+    ),
+    Record(
+        "opensearch-project/opensearch-neural-sparse-encoding-doc-v3-distill",
+        "sparse",
+        {"kind": "sparse"},
+        architecture="distilbert",
+        note=_INFERENCE_FREE + "; documents by a DistilBERT masked LM",
+    ),
+    Record(
+        "opensearch-project/opensearch-neural-sparse-encoding-doc-v3-gte",
+        "sparse",
+        {"kind": "sparse"},
+        architecture="gte",
+        note=_INFERENCE_FREE + "; documents by a gte masked LM on transformers' gte port (no hub code)",
     ),
     _static("minishlab/potion-base-8M", "model2vec", _MODEL2VEC),
     _static("minishlab/potion-retrieval-32M", "model2vec", _MODEL2VEC + "; tuned for retrieval"),

@@ -10,8 +10,9 @@ models (model2vec's layout, sentence-transformers' StaticEmbedding) by their own
 
 from __future__ import annotations
 
+import ast
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,12 @@ _DECODER_TYPES = {
 _ST_PIPELINE = ("Transformer", "Pooling", "Dense", "Normalize")
 #: sentence-transformers' input modules that hold no transformers model to read.
 _NO_MODEL_DIRECTORY = frozenset({"Router", "Asym", "WordEmbeddings", "BoW"})
+#: sentence-transformers' module that sends each input down one of several module chains (`Asym`
+#: is its former name), and where it keeps its routes (`config.json` before it was renamed).
+_ROUTERS = frozenset({"Router", "Asym"})
+_ROUTER_CONFIGS = ("router_config.json", "config.json")
+#: The masked-LM Transformer of sentence-transformers' SparseEncoder releases before 6.
+_MLM_TRANSFORMER = "MLMTransformer"
 #: What a static model's modules.json may hold after its StaticEmbedding (Dropout does nothing at inference).
 _STATIC_AFTER = frozenset({"Normalize", "Dropout"})
 #: model2vec's `max_length` where its config.json has none (`StaticModel`'s DEFAULT_MAX_LENGTH).
@@ -104,6 +111,13 @@ class Layout:
     notes: dict[str, str] = field(default_factory=dict)
     #: The adapter of a layout served unlike its kind's default (`detect_rules`' family stage).
     family: str | None = None
+    #: Each sentence-transformers module's directory, by class name (SpladePooling's config, ...).
+    module_dirs: dict[str, Path] = field(default_factory=dict)
+    #: A Router's module chains (family "router"): each route's own layout, the route an input
+    #: naming none takes (None: it must name one), and route_mappings' (task, modality) -> route.
+    routes: dict[str, Layout] = field(default_factory=dict)
+    default_route: str | None = None
+    route_mappings: dict[tuple[str | None, str | None], str] = field(default_factory=dict)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -168,7 +182,7 @@ def st_class(kind: str) -> str | None:
 def _sentence_transformers(root: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
     """What modules.json's modules say of an embedder's pipeline; `unserved` lists what of it the
     pipeline would not run as sentence-transformers does (refused for dense models)."""
-    found: dict[str, Any] = {"dense_layers": [], "normalize": False, "modules": [], "unserved": []}
+    found: dict[str, Any] = {"dense_layers": [], "normalize": False, "modules": [], "unserved": [], "dirs": {}}
     reached = -1  # the furthest stage of `_ST_PIPELINE` met so far
     for module in modules:
         kind, sub = str(module.get("type", "")), root / str(module.get("path", ""))
@@ -176,6 +190,10 @@ def _sentence_transformers(root: Path, modules: list[dict[str, Any]]) -> dict[st
         name = st_class(kind)
         if name is None or name == "Dropout":
             continue
+        found["dirs"].setdefault(name, sub)
+        found.setdefault("classes", []).append(name)
+        if name == _MLM_TRANSFORMER:  # read as the Transformer it is, served by the sparse kind only
+            _read_module(found, "Transformer", root, sub)
         if name not in _ST_PIPELINE:
             found["unserved"].append(f"the {name} module")
             continue
@@ -249,17 +267,46 @@ def _refuse_unserved(root: Path, found: dict[str, Any]) -> None:
         )
 
 
+#: A SparseEncoder's modules the SPLADE adapter runs: the masked LM, then SpladePooling.
+_SPLADE_PIPELINE = ("Transformer", "MLMTransformer", "SpladePooling")
+
+
+def _refuse_unserved_sparse(root: Path, classes: list[str]) -> None:
+    """A SparseEncoder pipeline with more than a masked LM and SpladePooling (a SparseAutoEncoder,
+    say) is refused: the SPLADE adapter would answer other weights than the model's."""
+    if "SpladePooling" not in classes and "MLMTransformer" not in classes:
+        return
+    other = [name for name in classes if name not in _SPLADE_PIPELINE]
+    if other:
+        raise ModelUnavailable(
+            f"{root} has sentence-transformers' {', '.join(other)} module in its SparseEncoder pipeline: this "
+            "server's SPLADE models run a masked-LM Transformer then SpladePooling, and would answer other "
+            "weights than the model's"
+        )
+
+
 def detect(root: Path, spec: ModelSpec) -> Layout:
     """Detect the layout of `root` by the rules of `detect_rules`, then apply the overrides that
     `spec` sets."""
     modules = _modules(root)
+    if _router_entry(modules) is not None:
+        return router_layout(root, spec, modules)
+    return _detect(root, spec, modules)
+
+
+def _detect(root: Path, spec: ModelSpec, modules: Any) -> Layout:
+    """`detect` for the modules listed in `modules` (a Router's route, or modules.json's own)."""
     found = _sentence_transformers(root, modules) if isinstance(modules, list) else {}
     if set(found.get("modules", ())) & _NO_MODEL_DIRECTORY:  # else a missing config.json would be the error
         _refuse_unserved(root, found)
     facts = _facts(root, Path(found.get("transformer_dir", root)), modules, spec)
     claimed = rules.first(facts, "layout")
     if claimed is not None:
-        return static_layout(root, spec, facts, modules) if claimed.family == "static" else open_clip_layout(root, spec)
+        if claimed.family == "static":
+            return static_layout(root, spec, facts, modules)
+        if claimed.family == "sparse_static":
+            return sparse_static_layout(root, spec, facts, modules)
+        return open_clip_layout(root, spec)
     origin = rules.origin(facts)
     transformer_dir, config = facts.transformer_dir, facts.config
     if origin.port:
@@ -271,6 +318,8 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
     kind = facts.kind or rules.kind(facts)
     if kind == Kind.DENSE:
         _refuse_unserved(root, found)
+    if kind == Kind.SPARSE:
+        _refuse_unserved_sparse(root, found.get("classes", []))
     family = rules.family(facts, kind)
     st_extra = read_json(root / "config_sentence_transformers.json")
     return Layout(
@@ -290,6 +339,7 @@ def detect(root: Path, spec: ModelSpec) -> Layout:
         remote_code=origin.remote,
         notes=_notes(spec, origin),
         family=family,
+        module_dirs=dict(found.get("dirs", {})),
     )
 
 
@@ -434,3 +484,125 @@ def _static_modules(root: Path, modules: Any) -> tuple[Path, bool]:
             "StaticEmbedding module, then Normalize if it has one, and would answer other vectors than the model's"
         )
     return root / str(entries[0].get("path", "")), "Normalize" in names
+
+
+def sparse_static_layout(root: Path, spec: ModelSpec, facts: rules.Facts, modules: Any) -> Layout:
+    """sentence-transformers' SparseStaticEmbedding alone: a weight per vocabulary token (an IDF
+    table), a text's vector the weights of the tokens it holds (the query side of an
+    inference-free sparse model)."""
+    entries = [m for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    names = [st_class(str(m.get("type", ""))) or str(m.get("type", "")) for m in entries]
+    if names != ["SparseStaticEmbedding"]:
+        raise ModelUnavailable(
+            f"{root} has {', '.join(names)}: a SparseStaticEmbedding module is served alone, as the first and last "
+            "module of its chain, and would answer other weights than the model's"
+        )
+    if spec.pooling is not None:
+        raise ModelUnavailable(f"{root} holds a SparseStaticEmbedding module: pooling does not apply; remove the key")
+    directory = root / str(entries[0].get("path", ""))
+    return Layout(
+        root=root,
+        kind=Kind.SPARSE,
+        transformer_dir=directory,
+        model_type="sparse_static",
+        architectures=(),
+        config={"model_type": "sparse_static"},
+        modules=facts.modules,
+        **_entry_settings(root, spec, read_json(root / "config_sentence_transformers.json"), Kind.SPARSE, False, None),
+        notes=_notes(spec, rules.Origin()),
+        family="sparse_static",
+        module_dirs={"SparseStaticEmbedding": directory},
+    )
+
+
+# ---- sentence-transformers' Router ---------------------------------------------------------------
+
+
+def _router_entry(modules: Any) -> dict[str, Any] | None:
+    """modules.json's Router (or Asym) entry when it is the first module, else None."""
+    if not isinstance(modules, list) or not modules or not isinstance(modules[0], dict):
+        return None
+    return modules[0] if st_class(str(modules[0].get("type", ""))) in _ROUTERS else None
+
+
+def router_layout(root: Path, spec: ModelSpec, modules: list[Any]) -> Layout:
+    """A sentence-transformers Router: each route a chain of modules (in its own directory, named
+    by its id in the router's config), detected as a model of its own, followed by the modules
+    modules.json lists after the Router. Every route must be one this server serves, and all of
+    them of one kind."""
+    entry = _router_entry(modules)
+    assert entry is not None, "This is a bug: router_layout() called without a Router"
+    where = root / str(entry.get("path", ""))
+    config, path = next(((c, where / n) for n in _ROUTER_CONFIGS if (c := read_json(where / n))), ({}, where))
+    types, structure = config.get("types"), config.get("structure")
+    if not isinstance(types, dict) or not isinstance(structure, dict) or not structure:
+        raise ModelUnavailable(f"{path} does not list the Router's routes ('types' and 'structure')")
+    after = [dict(m) for m in modules[1:] if isinstance(m, dict)]
+    routes: dict[str, Layout] = {}
+    for route, ids in structure.items():
+        listed = ids if isinstance(ids, list) else [ids]
+        chain = [_route_module(path, types, str(entry.get("path", "")), module) for module in listed]
+        try:
+            routes[str(route)] = _detect(root, spec, chain + after)
+        except ModelUnavailable as error:
+            raise ModelUnavailable(f"{root}: the Router's '{route}' route cannot be served: {error}") from None
+    kinds = {layout.kind for layout in routes.values()}
+    if len(kinds) != 1:
+        said = ", ".join(f"'{name}' {layout.kind.value}" for name, layout in routes.items())
+        raise ModelUnavailable(f"{root}: the Router's routes are of different kinds ({said}); one kind is served")
+    parameters = config.get("parameters") or {}
+    default = _default_route(path, parameters, tuple(routes))
+    # It reads as its route that runs an engine (the engine tables read that route's files).
+    engine = [layout for layout in routes.values() if layout.family not in rules.ENGINELESS]
+    first = engine[0] if engine else routes[default] if default is not None else next(iter(routes.values()))
+    return replace(
+        first,
+        root=root,
+        modules=tuple(str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)),
+        family="router",
+        routes=routes,
+        default_route=default,
+        route_mappings=_route_mappings(path, parameters, routes),
+    )
+
+
+def _route_module(path: Path, types: dict[str, Any], prefix: str, module: Any) -> dict[str, Any]:
+    """One module of a route as modules.json would list it: its type, and its directory."""
+    name = str(module)
+    if name not in types:
+        raise ModelUnavailable(f"{path} names the module '{name}' in a route but not in 'types'")
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ModelUnavailable(f"{path} names the module '{name}', a path outside the model's directory")
+    return {"type": str(types[name]), "path": str(Path(prefix, name))}
+
+
+def _default_route(path: Path, parameters: dict[str, Any], routes: tuple[str, ...]) -> str | None:
+    """The route an input that names none takes: `default_route`, else (with `allow_empty_key`,
+    true by default) the first route, as sentence-transformers' Router decides."""
+    default = parameters.get("default_route")
+    if default is not None and default not in routes:
+        raise ModelUnavailable(f"{path} sets default_route '{default}', which is not one of its routes {list(routes)}")
+    if default is None and parameters.get("allow_empty_key", True):
+        return routes[0]
+    return None if default is None else str(default)
+
+
+def _route_mappings(
+    path: Path, parameters: dict[str, Any], routes: dict[str, Layout]
+) -> dict[tuple[str | None, str | None], str]:
+    """`route_mappings` as sentence-transformers saves it ("('query', 'text')" -> route); a
+    mapping for another modality than text is refused, as no route here reads media."""
+    found: dict[tuple[str | None, str | None], str] = {}
+    for key, route in (parameters.get("route_mappings") or {}).items():
+        try:
+            task, modality = ast.literal_eval(str(key))
+        except (ValueError, SyntaxError, TypeError):
+            raise ModelUnavailable(f"{path} has a route mapping '{key}' that is not a (task, modality) pair") from None
+        if route not in routes:
+            raise ModelUnavailable(f"{path} maps {key} to '{route}', which is not one of its routes {list(routes)}")
+        if modality not in (None, "text"):
+            raise ModelUnavailable(
+                f"{path} maps the modality {modality!r} to its '{route}' route; the routes served here read text"
+            )
+        found[(task, modality)] = str(route)
+    return found

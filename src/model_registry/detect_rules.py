@@ -37,6 +37,8 @@ from model_registry.native_ports import is_jina_lora, jina_port, native_port, po
 from model_registry.types import Kind
 
 Stage = Literal["layout", "code", "kind", "family"]
+#: The families computed on numpy and tokenizers alone, by no engine (no torch, no transformers).
+ENGINELESS = frozenset({"static", "sparse_static"})
 STAGES: tuple[Stage, ...] = ("layout", "code", "kind", "family")
 
 
@@ -260,6 +262,21 @@ def _static_kind_message(facts: Facts) -> str:
     )
 
 
+def _sparse_static(facts: Facts) -> bool:
+    """modules.json (or a Router's route) names sentence-transformers' SparseStaticEmbedding."""
+    return any(
+        t.startswith("sentence_transformers.") and t.endswith(".SparseStaticEmbedding") for t in facts.module_types
+    )
+
+
+def _sparse_static_kind_message(facts: Facts) -> str:
+    kind = facts.kind.value if facts.kind else "auto"
+    return (
+        f"{facts.root} holds a SparseStaticEmbedding module (a weight per token, such as an IDF table): it is served "
+        f"as kind sparse only, not {kind}"
+    )
+
+
 def _media_kind(facts: Facts) -> Kind:
     found = [_MEDIA_ARCHITECTURES[a] for a in facts.architectures if a in _MEDIA_ARCHITECTURES]
     return found[0] if found else _MEDIA_TYPES[facts.model_type]
@@ -298,6 +315,22 @@ RULES: tuple[Rule, ...] = (
         "numpy, no engine (`adapters/static.py`)",
         kind=Kind.DENSE,
         family="static",
+    ),
+    Rule(
+        "sparse-static-not-sparse",
+        "layout",
+        lambda f: _sparse_static(f) and f.kind not in (None, Kind.SPARSE),
+        "refused: a SparseStaticEmbedding module with a kind other than `sparse`",
+        refusal=_sparse_static_kind_message,
+    ),
+    Rule(
+        "sparse-static",
+        "layout",
+        _sparse_static,
+        "sentence-transformers' SparseStaticEmbedding module (the query side of an inference-free sparse model): "
+        "kind `sparse`, each token's weight from its table on numpy, no engine (`adapters/sparse_static.py`)",
+        kind=Kind.SPARSE,
+        family="sparse_static",
     ),
     Rule(
         "no-config",

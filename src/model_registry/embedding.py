@@ -17,13 +17,15 @@ from model_registry.runner import Runner
 from model_registry.types import Content, EmbedItem, Output, Results, Text, TokenIds
 from model_registry.validation import RawInput
 
-#: A role or prompt name -> the task adapter it means on a model that has task adapters.
+#: A role or prompt name -> the tasks it means on a model that has tasks: jina-v3's task adapters,
+#: or a Router's routes (`adapters/router.py`); the first the model has.
 ROLE_TASKS = {
-    "query": "retrieval.query",
-    "document": "retrieval.passage",
-    "passage": "retrieval.passage",
-    "classification": "classification",
-    "clustering": "separation",
+    "query": ("retrieval.query", "query"),
+    "document": ("retrieval.passage", "document"),
+    "passage": ("retrieval.passage", "document"),
+    "corpus": ("document",),
+    "classification": ("classification",),
+    "clustering": ("separation",),
 }
 
 
@@ -123,8 +125,7 @@ def _named_task(adapter: Adapter, name: str | None) -> str | None:
     """The task a prompt name or role means on `adapter`: a task's own name, or `ROLE_TASKS`'."""
     if name is None or name in adapter.tasks:
         return name
-    mapped = ROLE_TASKS.get(name)
-    return mapped if mapped in adapter.tasks else None
+    return next((task for task in ROLE_TASKS.get(name, ()) if task in adapter.tasks), None)
 
 
 async def _chunk_plan(

@@ -81,6 +81,7 @@ class Lease:
     queue: BatchQueue
     backlog: Backlog
     stage: PrepareStage
+    worker: Worker
 
 
 class EventKind(str, enum.Enum):

@@ -145,13 +145,19 @@ class Lifecycle:
         Counted before the first await after the load, so nothing can evict the model between its
         load and its use; released however the request ends."""
         await self.ensure_loaded(handle)
-        adapter, queue, backlog, stage = handle.adapter, handle.queue, handle.backlog, handle.stage
-        if adapter is None or queue is None or backlog is None or stage is None:
+        adapter, queue, backlog, stage, worker = (
+            handle.adapter,
+            handle.queue,
+            handle.backlog,
+            handle.stage,
+            handle.worker,
+        )
+        if adapter is None or queue is None or backlog is None or stage is None or worker is None:
             raise RuntimeError(f"This is a bug: the loaded model '{handle.spec.name}' lacks its queue or worker")
         handle.inflight += 1
         self.touch(handle)
         try:
-            yield Lease(adapter, queue, backlog, stage)
+            yield Lease(adapter, queue, backlog, stage, worker)
         finally:
             handle.inflight -= 1
             self.touch(handle)

@@ -45,8 +45,11 @@ NATIVE_PORTS = {
     "new": "transformers.models.gte",
 }
 #: The architectures a port serves where it does not serve all of its model_type's: gte's port
-#: is checked here as an embedder only (new-impl's rerankers and masked LMs keep their own code).
-_SERVED = {"new": ("NewModel", "NewForTokenClassification")}
+#: is checked here as an embedder and as the masked LM of SPLADE models (opensearch's doc-v3-gte);
+#: new-impl's rerankers keep their own code.
+_SERVED = {"new": ("NewModel", "NewForTokenClassification", "NewForMaskedLM")}
+#: new-impl's architectures -> the gte port's classes.
+_GTE_CLASSES = {"NewForMaskedLM": "GteForMaskedLM"}
 #: new-impl's settings transformers' gte port implements, with the one value it implements.
 _GTE_FIXED = {
     "position_embedding_type": "rope",
@@ -126,8 +129,15 @@ def gte_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"gte-multilingual layout (model_type 'new') with {key}: {config[key]!r}: transformers' gte port, "
                 f"which serves this family without its hub code, implements {key}: {value!r} only"
             )
+    architectures = [_GTE_CLASSES.get(str(a), "GteModel") for a in config.get("architectures") or ()]
+    if "GteForMaskedLM" in architectures and config.get("hidden_act", "gelu") != "gelu":
+        # the port's masked-LM head applies gelu whatever the config says; new-impl's, hidden_act
+        raise ModelUnavailable(
+            f"gte layout (model_type 'new') NewForMaskedLM with hidden_act: {config['hidden_act']!r}: transformers' "
+            "gte port's masked-LM head implements gelu only"
+        )
     kept = {k: v for k, v in config.items() if k not in (*_GTE_DROPPED, *_GTE_FIXED)}
-    kept.update(model_type="gte", architectures=["GteModel"], rope_parameters=_gte_rope(config))
+    kept.update(model_type="gte", architectures=architectures or ["GteModel"], rope_parameters=_gte_rope(config))
     return kept
 
 

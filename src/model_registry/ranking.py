@@ -310,9 +310,13 @@ async def rerank(
     wanted = frozenset({method_output(method)}) if hybrid is None else hybrid_outputs(hybrid, return_parts)
     prompts = adapter.prompts
     left = validation.cut_left(adapter, model, truncation_direction)
-    query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut, left)
+    # A Router's query and document routes (its tasks), as encode_query and encode_document take them.
+    routed = "query" in adapter.tasks and "document" in adapter.tasks
+    query_task, doc_task = ("query", "document") if routed else (None, None)
+    query_item = EmbedItem(Text(query), wanted, prompts.get("query", ""), True, cut, left, task=query_task)
     doc_prompt = prompts.get("document", prompts.get("passage", ""))
-    items = [query_item, *(EmbedItem(Text(d), wanted, doc_prompt, False, cut, left) for d in scored)]
+    docs_items = (EmbedItem(Text(d), wanted, doc_prompt, False, cut, left, task=doc_task) for d in scored)
+    items = [query_item, *docs_items]
     results = await registry.run(model, items, priority=priority, timeout=timeout)
     # BGE-M3 averages MaxSim over the query's tokens; ColBERT sums it. Off the event loop: MaxSim
     # over many documents is real compute.

@@ -255,7 +255,8 @@ class Registry:
                 # Queued once this turn of the event loop is over, not now: the loop's own work
                 # until it sleeps (this request's wait, the tasks it woke) would otherwise run
                 # beside the forward pass it starts, on the cores the engine's threads are using.
-                asyncio.get_running_loop().call_soon(_enqueue, lease.queue, request)
+                if not lease.worker.run_here(request):
+                    asyncio.get_running_loop().call_soon(_enqueue, lease.queue, request)
                 results = await request.outcome()
             finally:
                 reservation.release()

@@ -32,7 +32,7 @@ import numpy as np
 
 from model_registry import devices
 from model_registry.adapters.base import Adapter
-from model_registry.batching import Batch, BatchQueue
+from model_registry.batching import Batch, BatchQueue, Entry, Request
 from model_registry.errors import (
     BatchFailed,
     Cancelled,
@@ -298,7 +298,33 @@ class Worker:
             self.busy = False
             self.batches.wake()  # a collator waiting for work while this ran stops waiting
 
-    def _run(self, batch: Batch, collated: Any, collating: float) -> None:
+    def run_here(self, request: Request) -> bool:
+        """Compute `request` on the calling thread and deliver it, as one batch, where the adapter
+        `computes_inline`, the request costs at most `INLINE_COST` and one batch holds it, and the
+        model is idle (nothing queued, collated or running); else leave it (False) for the queue.
+
+        For a table lookup the two thread hops each way are most of an idle request's time; the
+        batch is counted, timed and delivered as the forward thread would."""
+        prepared = request.prepared
+        if not self.adapter.computes_inline or not prepared or self.busy or self.batches.depth:
+            return False
+        if not self._handoff.empty() or len({p.group for p in prepared}) > 1:
+            return False
+        cost = self.adapter.batch_cost(len(prepared), max(p.cost for p in prepared), sum(p.cost for p in prepared))
+        if cost > INLINE_COST:
+            return False
+        entries = tuple(Entry(request, p) for p in prepared)
+        batch = Batch(entries, cost, request.priority, prepared[0].group)
+        started = time.perf_counter()
+        try:
+            collated = self.adapter.collate(prepared)
+        except Exception as error:
+            self._fail(batch, error)
+            return True
+        self._run(batch, collated, time.perf_counter() - started, pause=False)
+        return True
+
+    def _run(self, batch: Batch, collated: Any, collating: float, *, pause: bool = True) -> None:
         started, forward_start = time.perf_counter(), time.time()
         failed = False
         try:
@@ -330,7 +356,7 @@ class Worker:
         spent = collating + ended - started if self._busy_since is None else ended - self._busy_since
         waiting = bool(self.batches.depth) or not self._handoff.empty()
         self._busy_since = ended if waiting else None
-        if not failed and not waiting:
+        if pause and not failed and not waiting:
             self._pause()
         self.batches.record(sum(e.prepared.cost for e in batch.entries), spent)
 

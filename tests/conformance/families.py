@@ -36,6 +36,7 @@ from tests.builders.llm_rerankers import (
     with_chat_template,
 )
 from tests.builders.media import image_bytes, tiny_clip, tiny_open_clip, tiny_siglip2, tiny_siglip2_naflex
+from tests.builders.routers import tiny_dense_router, tiny_inference_free_gte, tiny_inference_free_sparse
 from tests.builders.static import tiny_potion, tiny_static_embedding
 from tests.builders.text import tiny_bert
 from tests.builders.zoo import (
@@ -398,6 +399,39 @@ FAMILIES: tuple[Family, ...] = (
         ref.sentence_transformers(),
         ("static-embedding",),
         engineless=True,
+    ),
+    Family(
+        "inference-free sparse (Router)",
+        ("opensearch-project/opensearch-neural-sparse-encoding-doc-v3-distill",),
+        tiny_inference_free_sparse,
+        "sparse",
+        "distilbert",
+        "sparse",
+        ref.router(),
+        ("sparse-static", "splade"),
+        queries=True,
+    ),
+    Family(
+        "inference-free sparse, gte (Router)",
+        ("opensearch-project/opensearch-neural-sparse-encoding-doc-v3-gte",),
+        tiny_inference_free_gte,
+        "sparse",
+        "gte",
+        "sparse",
+        ref.beside(ref.router(), "-reference"),
+        ("sparse-static", "native-port", "splade"),
+        queries=True,
+    ),
+    Family(
+        "dense Router (static queries)",
+        ("sentence-transformers Router.for_query_document models",),
+        tiny_dense_router,
+        "dense",
+        "bert",
+        "dense",
+        ref.router(),
+        ("static-embedding", "dense"),
+        queries=True,
     ),
     Family(
         "CLIP",

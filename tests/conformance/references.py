@@ -51,6 +51,31 @@ def sentence_transformers() -> Reference:
     return encode
 
 
+def router() -> Reference:
+    """A Router model's `encode` (its default route) of the texts, then `encode_query` (its query
+    route): `SparseEncoder`'s for a sparse model (its non-zero weights per text), else
+    `SentenceTransformer`'s."""
+
+    def encode(directory: Path, texts: Sequence[str], queries: bool) -> list[Answer]:
+        from sentence_transformers import SentenceTransformer, SparseEncoder
+
+        sparse = "SparseEncoder" in (directory / "config_sentence_transformers.json").read_text()
+        model = (SparseEncoder if sparse else SentenceTransformer)(str(directory), device="cpu")
+        batches = [model.encode(list(texts)), *([model.encode_query(list(texts))] if queries else [])]
+        if not sparse:
+            return [np.asarray(batch) for batch in batches]
+        rows = [row for batch in batches for row in torch.as_tensor(batch).to_dense().numpy()]
+        return [{int(i): float(row[i]) for i in np.flatnonzero(row)} for row in rows]
+
+    return encode
+
+
+def beside(reference: Reference, suffix: str) -> Reference:
+    """`reference` run on the directory the builder kept beside the model's (`<dir><suffix>`): the
+    same weights in a layout the reference library reads without the checkpoint's hub code."""
+    return lambda directory, texts, queries: reference(directory.parent / f"{directory.name}{suffix}", texts, queries)
+
+
 def model2vec() -> Reference:
     """model2vec's `StaticModel.encode` (its cuts, no special tokens, the unknown token dropped)."""
 

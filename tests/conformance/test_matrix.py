@@ -93,7 +93,10 @@ def ask(client: Any, model: str, family: Family, texts: list[str], pictures: lis
         rows = post(client, "/classify", {"model": model, "input": texts})["data"]
         return [{r["label"]: r["score"] for r in row} for row in rows]
     if probe == "sparse":
-        return [sparse(e) for e in encoded(client, model, texts, "sparse")]
+        answers = [sparse(e) for e in encoded(client, model, texts, "sparse")]
+        if family.queries:
+            answers += [sparse(e) for e in encoded(client, model, texts, "sparse", prompt_name="query")]
+        return answers
     if probe == "multivector":
         documents: list[Answer] = [np.asarray(m) for m in encoded(client, model, texts, "multivector")]
         return documents + [np.asarray(m) for m in encoded(client, model, texts, "multivector", prompt_name="query")]

@@ -87,6 +87,14 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"modules.json": [{**STATIC, "path": "0_StaticEmbedding"}]}),
         Case({"modules.json": [{**STATIC, "type": SPARSE_STATIC}]}),
     ),
+    "sparse-static-not-sparse": (
+        Case({"modules.json": [{**STATIC, "type": SPARSE_STATIC}]}, {"kind": "dense"}),
+        Case({"modules.json": [{**STATIC, "type": SPARSE_STATIC}]}, {"kind": "sparse"}),
+    ),
+    "sparse-static": (
+        Case({"modules.json": [{**STATIC, "type": SPARSE_STATIC}]}),
+        Case({"modules.json": [STATIC]}),
+    ),
     "no-config": (Case({"tokenizer.json": {}}), Case({"config.json": BERT})),
     "vision-language": (
         Case({"config.json": QWEN3_VL, **POOLED}, {"kind": "dense"}),
@@ -184,6 +192,7 @@ DECIDES: dict[str, Kind | str | bool] = {
     "open-clip": "open_clip",
     "model2vec": "static",
     "static-embedding": "static",
+    "sparse-static": "sparse_static",
     "native-port": False,
     "jina-lora-port": False,
     "remote-code": True,

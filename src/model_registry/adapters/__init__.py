@@ -8,12 +8,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import ModelSpec
+from model_registry.detect_rules import ENGINELESS
 from model_registry.errors import ModelUnavailable
 from model_registry.types import Capability, Kind
+
+if TYPE_CHECKING:
+    from model_registry.detect import Layout
 
 __all__ = ["Adapter", "LoadOptions", "capabilities_of_kind", "create_adapter", "detect_kind"]
 
@@ -77,9 +81,11 @@ FAMILY_FACTORIES: dict[str, str] = {
     "llm_reranker": "model_registry.adapters.llm_reranker:LlmRerankerAdapter",
     "jina_lora": "model_registry.adapters.jina_lora:JinaLoraAdapter",
     "static": "model_registry.adapters.static:StaticAdapter",
+    "sparse_static": "model_registry.adapters.sparse_static:SparseStaticAdapter",
+    "router": "model_registry.adapters.router:RouterAdapter",
 }
 #: Families whose adapters run on numpy and tokenizers alone: no torch, no transformers imported.
-LIGHT_FAMILIES = frozenset({"static"})
+LIGHT_FAMILIES = ENGINELESS
 
 
 #: Held while a load imports its adapter and, the first time, transformers' model code: transformers'
@@ -135,7 +141,16 @@ def create_adapter(spec: ModelSpec) -> Adapter:
             check_kind(spec.name, layout.kind.value)
         except ValueError as error:
             raise ModelUnavailable(str(error)) from None
+    return adapter_for(layout)
+
+
+def adapter_for(layout: Layout) -> Adapter:
+    """The adapter of a detected layout (a Router's routes each get theirs), weights not loaded."""
     target = FAMILY_FACTORIES[layout.family] if layout.family else FACTORIES[layout.kind]
+    # A Router is as light as its routes: its own module imports nothing heavy.
+    light = layout.family in LIGHT_FAMILIES or (
+        layout.family == "router" and all(r.family in LIGHT_FAMILIES for r in layout.routes.values())
+    )
     # Only a checkpoint whose own code is needed runs it; a native port runs transformers' code.
-    adapter: Adapter = _import(target, light=layout.family in LIGHT_FAMILIES)(layout, layout.remote_code)
+    adapter: Adapter = _import(target, light=light)(layout, layout.remote_code)
     return adapter

@@ -86,6 +86,10 @@ class Adapter(abc.ABC):
     token_caps: bool = False
     #: The ends an over-long text may be cut at ("right" keeps its start).
     truncation_sides: tuple[str, ...] = ("right",)
+    #: Whether a small request's batch may run on the caller's thread while the model is idle
+    #: (`Worker.run_here`): a computation of microseconds (a table lookup), thread-safe, for which
+    #: the hops to the worker's threads and back are most of an idle request's time.
+    computes_inline: bool = False
 
     def build(self, options: LoadOptions) -> None:
         """Make the files `load` will read without touching the device: an ONNX export or a

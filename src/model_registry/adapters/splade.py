@@ -1,7 +1,8 @@
 """SPLADE sparse embeddings on torch: MaskedLM logits -> log(1 + relu) -> max over real tokens.
 
 Reads a plain `*ForMaskedLM` directory (served with `kind: sparse`) or sentence-transformers'
-SparseEncoder layout (MLMTransformer + SpladePooling, whose `pooling_strategy` may be max or sum).
+SparseEncoder layout (MLMTransformer + SpladePooling, whose `pooling_strategy` may be max or sum,
+and whose `activation_function` log1p_relu, of the opensearch models, takes log1p once more).
 Options (the model entry's `options`): `top_k` keeps the k largest weights, `threshold` drops
 weights below it; both apply after pooling, so the kept weights are exact.
 """
@@ -26,27 +27,34 @@ from model_registry.types import Capability, Embedding, Item, Kind, Output, Prep
 _SPARSE = frozenset({Output.SPARSE})
 
 
+#: SpladePooling's activation functions (before its log1p): relu, or log1p(relu), of the opensearch models.
+_ACTIVATIONS = ("relu", "log1p_relu")
 #: At most this many logits are widened to float32 at once (64 MiB).
 _WIDENED = 1 << 24
 
 
-def splade_pool(logits: torch.Tensor, mask: torch.Tensor, strategy: str = "max") -> torch.Tensor:
-    """(batch, tokens, vocab) logits -> (batch, vocab) weights, padding excluded, in float32."""
+def splade_pool(logits: torch.Tensor, mask: torch.Tensor, strategy: str = "max", twice: bool = False) -> torch.Tensor:
+    """(batch, tokens, vocab) logits -> (batch, vocab) weights, padding excluded, in float32;
+    `twice`: log1p applied twice (SpladePooling's log1p_relu)."""
     if logits.dtype != torch.float32:
         # Half-precision logits (on CUDA) are widened a few rows at a time, never the whole batch:
         # the (batch, tokens, vocab) tensor is the largest thing a SPLADE batch holds.
         rows = max(1, _WIDENED // max(1, logits.shape[1] * logits.shape[2]))
         parts = zip(torch.split(logits, rows), torch.split(mask, rows), strict=True)
-        return torch.cat([splade_pool(part.float(), part_mask, strategy) for part, part_mask in parts])
+        return torch.cat([splade_pool(part.float(), part_mask, strategy, twice) for part, part_mask in parts])
     # In place, for the same reason.
     weights = logits
     torch.relu_(weights)
     torch.log1p_(weights)
+    if twice:
+        torch.log1p_(weights)
     weights.mul_(mask.unsqueeze(-1).to(torch.float32))
     return weights.sum(dim=1) if strategy == "sum" else weights.max(dim=1).values
 
 
-def splade_pool_packed(logits: torch.Tensor, mask: torch.Tensor, packed: Packed, strategy: str = "max") -> torch.Tensor:
+def splade_pool_packed(
+    logits: torch.Tensor, mask: torch.Tensor, packed: Packed, strategy: str = "max", twice: bool = False
+) -> torch.Tensor:
     """`splade_pool` on a padding-free batch: (tokens, vocab) logits of the packed tokens, `mask`
     (tokens,) -> (batch, vocab), each sequence's segment reduced, a few tokens widened at a time."""
     step = logits.shape[0] if logits.dtype == torch.float32 else max(1, _WIDENED // max(1, logits.shape[1]))
@@ -55,6 +63,8 @@ def splade_pool_packed(logits: torch.Tensor, mask: torch.Tensor, packed: Packed,
         weights = logits[start : start + step].float()
         torch.relu_(weights)
         torch.log1p_(weights)
+        if twice:
+            torch.log1p_(weights)
         weights.mul_(mask[start : start + step].unsqueeze(-1).to(torch.float32))
         rows = packed.segments[start : start + step]
         if strategy == "sum":
@@ -85,10 +95,16 @@ class SpladeAdapter(TextEncoder):
         self.threshold = float(options.get("threshold", 0.0))
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"options.top_k must be at least 1, got {self.top_k}")
-        pooling = next((read_json(p) for p in sorted(layout.root.glob("*SpladePooling*/config.json"))), {})
+        where = layout.module_dirs.get("SpladePooling")
+        pooling = read_json(where / "config.json") if where is not None else {}
         self.strategy = str(pooling.get("pooling_strategy", "max"))
+        self.activation = str(pooling.get("activation_function", "relu"))
         if self.strategy not in ("max", "sum"):
             raise ConfigError(f"SpladePooling pooling_strategy '{self.strategy}' is not supported; use max or sum")
+        if self.activation not in _ACTIVATIONS:
+            raise ConfigError(
+                f"SpladePooling activation_function '{self.activation}' is not supported; use relu or log1p_relu"
+            )
 
     task: Task = "masked-lm"
 
@@ -112,9 +128,14 @@ class SpladeAdapter(TextEncoder):
             logits = as_tensor(output.logits)
             if output.packed is not None:
                 mask = segments.tokens(batch.attention_mask, output.packed)
-                return splade_pool_packed(logits, mask, output.packed, self.strategy).cpu()
-            pooled: torch.Tensor = splade_pool(logits, batch.attention_mask.to(logits.device), self.strategy).cpu()
+                return splade_pool_packed(logits, mask, output.packed, self.strategy, self._twice).cpu()
+            mask = batch.attention_mask.to(logits.device)
+            pooled: torch.Tensor = splade_pool(logits, mask, self.strategy, self._twice).cpu()
             return pooled
+
+    @property
+    def _twice(self) -> bool:
+        return self.activation == "log1p_relu"
 
     def postprocess(self, batch: TextBatch, output: torch.Tensor) -> list[Result]:
         assert self.tokenizer is not None
@@ -128,4 +149,9 @@ class SpladeAdapter(TextEncoder):
         return results
 
     def family_facts(self) -> dict[str, Any]:
-        return {"pooling": self.strategy, "top_k": self.top_k, "threshold": self.threshold}
+        return {
+            "pooling": self.strategy,
+            "activation": self.activation,
+            "top_k": self.top_k,
+            "threshold": self.threshold,
+        }

@@ -81,6 +81,7 @@ class StaticAdapter(Adapter):
     kind = Kind.DENSE
     capabilities = frozenset({Capability.EMBED_TEXT})
     backend = ENGINE
+    computes_inline = True
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         self.layout = layout
@@ -203,10 +204,12 @@ class StaticAdapter(Adapter):
         checked = [self._check(i, item) for i, item in enumerate(items)]
         where = [i for i, item in enumerate(checked) if isinstance(item.content, Text)]
         texts = [self._text(checked[i]) for i in where]
-        encoded = dict(zip(where, _ids(self._cut, texts), strict=True))
+        encoded = dict(zip(where, encode_ids(self._cut, texts), strict=True))
         # A text the reference would cut, asked whole: refused (the cut and whole encodings differ).
         whole = [i for i in where if not checked[i].truncate] if self.max_length is not None else []
-        for i, ids in zip(whole, _ids(self._whole, [self._text(checked[i], cut=False) for i in whole]), strict=True):
+        for i, ids in zip(
+            whole, encode_ids(self._whole, [self._text(checked[i], cut=False) for i in whole]), strict=True
+        ):
             if ids != encoded[i]:
                 raise InputTooLong(self._too_long(i, len(ids)), param="input")
         prepared = []
@@ -289,7 +292,7 @@ class StaticAdapter(Adapter):
         return {**facts, **self.layout.notes}
 
 
-def _ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+def encode_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     if not texts:  # the Rust tokenizer refuses an empty batch
         return []
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets: the same ids, sooner

@@ -28,6 +28,7 @@ from tests.builders.llm_rerankers import (
     tiny_qwen3_reranker,
 )
 from tests.builders.media import tiny_siglip2, tiny_siglip2_naflex
+from tests.builders.routers import tiny_inference_free_gte, tiny_inference_free_sparse
 from tests.builders.static import tiny_potion, tiny_static_embedding
 from tests.builders.text import tiny_bert
 from tests.builders.zoo import tiny_bge_m3, tiny_modern_colbert, tiny_pylate, tiny_xlmr_cross_encoder
@@ -76,6 +77,8 @@ LAYOUTS: dict[str, Builder] = {
     "nomic-ai/nomic-embed-text-v1.5": tiny_nomic,
     "Alibaba-NLP/gte-multilingual-base": tiny_gte_multilingual,
     "jinaai/jina-embeddings-v3": tiny_jina_v3,
+    "opensearch-project/opensearch-neural-sparse-encoding-doc-v3-distill": tiny_inference_free_sparse,
+    "opensearch-project/opensearch-neural-sparse-encoding-doc-v3-gte": tiny_inference_free_gte,
     "minishlab/potion-base-8M": tiny_potion,
     "minishlab/potion-retrieval-32M": tiny_potion,
     "sentence-transformers/static-retrieval-mrl-en-v1": tiny_static_embedding,

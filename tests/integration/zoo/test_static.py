@@ -310,3 +310,44 @@ def test_served_without_torch_nor_importing_transformers(built: dict[str, Path],
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert not answer["transformers"], "serving a static model imported transformers"
     np.testing.assert_allclose(answer["vectors"], reference(directory, TEXTS), atol=TOLERANCE)
+
+
+async def test_an_idle_small_request_computes_on_the_event_loop_and_is_counted(
+    built: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small request to an idle static model runs its lookup on the caller's thread (no hop to
+    the worker's threads); a request over `INLINE_COST` goes through the queue. Both are counted as
+    batches, timed, and answer the same vectors."""
+    import threading
+
+    from model_registry.adapters.static import StaticAdapter
+    from model_registry.types import Embedding
+    from model_registry.worker import INLINE_COST, BatchStats
+
+    threads: list[str] = []
+    forward = StaticAdapter.forward
+
+    def recorded(self: StaticAdapter, batch: list[np.ndarray]) -> np.ndarray:
+        threads.append(threading.current_thread().name)
+        return forward(self, batch)
+
+    monkeypatch.setattr(StaticAdapter, "forward", recorded)
+    counted: list[BatchStats] = []
+    directory = built["StaticEmbedding"]
+    many = [TEXTS[0]] * (INLINE_COST // 4)
+    async with Registry.from_config(
+        {"models": [{"name": "s", "source": str(directory)}]}, on_batch=counted.append
+    ) as r:
+        await r.embed("s", TEXTS[:1])  # loads it (its warm-up batches run on the load's thread)
+        threads.clear()
+        counted.clear()
+        small = await r.embed("s", TEXTS[:2])
+        large = await r.embed("s", many)
+    assert threads == [threading.current_thread().name, "s-forward"]
+    assert [s.items for s in counted] == [2, len(many)]
+    got = np.asarray([i.dense for i in small.items if isinstance(i, Embedding)])
+    assert got.shape[0] == 2
+    np.testing.assert_allclose(got, reference(directory, TEXTS[:2]), atol=TOLERANCE)
+    first = large.items[0]
+    assert isinstance(first, Embedding)
+    np.testing.assert_allclose(np.asarray(first.dense), got[0], atol=1e-6)
