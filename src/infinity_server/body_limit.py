@@ -13,6 +13,7 @@ import contextlib
 import sys
 from collections.abc import Awaitable, Mapping
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -121,6 +122,17 @@ else:  # pragma: no cover - Python 3.10
             return await asyncio.wait_for(awaitable, max(0.0, left))
         except asyncio.TimeoutError:
             raise TimeoutError from None
+
+
+async def drop_unread(request: Request) -> None:
+    """Read and drop what is left of `request`'s body (up to `_DRAIN_BYTES`), for a handler that
+    refuses it before reading it: see `answer_unread`."""
+    drained = 0
+    with contextlib.suppress(HTTPError, ClientDisconnect):
+        async for chunk in request.stream():
+            drained += len(chunk)
+            if drained >= _DRAIN_BYTES:
+                return
 
 
 async def answer_unread(response: Response, scope: Scope, receive: Receive, send: Send) -> None:

@@ -459,3 +459,64 @@ def test_a_job_killed_mid_way_resumes_after_a_restart_with_every_line_once(tmp_p
 def rows_of_text(batch_dir: Path, file_id: str | None) -> list[dict[str, Any]]:
     """The rows of a result file as the server left it on disk (the server is gone)."""
     return [orjson.loads(row) for row in (batch_dir / "files" / f"{file_id}.jsonl").read_bytes().splitlines()]
+
+
+def test_an_upload_refused_before_its_body_is_read_leaves_the_connection_usable(serve: Any, tmp_path: Path) -> None:
+    """storage_full is decided from the declared length, before the body is read: the server reads
+    and drops the body first, so the client's next request on the same connection is answered
+    (else the answer goes out before the body arrives, the server closes the connection, and the
+    next request meets a reset). A raw socket, so that no client reconnects behind the test's back,
+    and the body sent after the head, as a client streaming an upload sends it."""
+    import socket
+
+    server = serve({"models": [SLOW]}, batch_dir=str(tmp_path), batch_max_disk_bytes=1024, access_log=False)
+    content = jsonl([line(f"r{i}", {"model": "slow", "input": ["x" * 400]}) for i in range(3)])
+    boundary = "b0undary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="r.jsonl"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + content
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/files HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head)
+        time.sleep(0.3)  # the refusal is decided from the head alone: the body arrives after it
+        sock.sendall(body)
+        first = _response(sock)
+        time.sleep(0.3)  # long enough for a close after the answer to arrive first
+        sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        second = _response(sock)
+    assert first.startswith(b"HTTP/1.1 413"), first[:200]
+    assert b"storage_full" in first
+    assert second.startswith(b"HTTP/1.1 200"), second[:200]
+
+
+def _response(sock: Any) -> bytes:
+    """One HTTP/1.1 response with a Content-Length, read whole ("" if the server closed)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+    head, _, rest = received.partition(b"\r\n\r\n")
+    length = int(
+        next(v for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")) if k.lower() == b"content-length")
+    )
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head + b"\r\n\r\n" + rest

@@ -5,6 +5,7 @@ configured, to everyone alike): another key gets 404, as if it did not exist."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from typing import Any, BinaryIO
@@ -19,6 +20,7 @@ from infinity_server.batches import schemas as jobs
 from infinity_server.batches.schemas import BatchCreateRequest
 from infinity_server.batches.service import Batches, upload_limit
 from infinity_server.batches.store import FileRecord, JobRecord, not_found
+from infinity_server.body_limit import drop_unread
 from infinity_server.errors import HTTPError
 from infinity_server.routing import BATCH_ERRORS, MULTIPART, get, operation, post
 
@@ -112,8 +114,15 @@ def listing(objects: list[dict[str, Any]], limit: int) -> Response:
 async def upload_file(request: Request) -> Response:
     """multipart/form-data: `file` (JSONL) and `purpose` (batch)."""
     batches = batches_of(request)
-    batches.running()  # a 404 while the API is off, before the body is read
-    async with batches.reservation(upload_size(request)) as reserved:
+    async with contextlib.AsyncExitStack() as held:
+        try:
+            batches.running()  # a 404 while the API is off, before the body is read
+            reserved = await held.enter_async_context(batches.reservation(upload_size(request)))
+        except HTTPError:
+            # Refused unread (storage_full): the body is dropped first, so that the connection
+            # stays usable for the client's next request instead of closing under it.
+            await drop_unread(request)
+            raise
         return await _upload(request, batches, reserved)
 
 
