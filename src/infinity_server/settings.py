@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from model_registry.config import RegistryConfig, format_validation_error, read_yaml, registry_config
+from model_registry.config import RegistryConfig, RegistryLimits, format_validation_error, read_yaml, registry_config
 from model_registry.errors import ConfigError
 
 ENV_PREFIX = "INFINITY_SERVER_"
@@ -50,7 +50,10 @@ class ApiKeySpec(BaseModel):
         return self
 
 
-class ServerSettings(BaseModel):
+class ServerSettings(RegistryLimits):
+    """The `server:` keys: the server's own, and the registry's limits (`RegistryLimits`), which it
+    passes down."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = "0.0.0.0"
@@ -61,8 +64,6 @@ class ServerSettings(BaseModel):
     api_keys_file: str | None = None
     # Admin routes (load, unload, memory): None = on only when a key has the `admin` scope.
     admin_routes: bool | None = None
-    # Whether any client may raise its priority above the default (else only `priority`-scoped keys).
-    allow_client_priority: bool = False
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024)
     # Seconds a request's whole body may take to arrive after its headers (else 408, and the
     # connection closes): a client trickling a large body cannot hold a connection for ever.
@@ -76,10 +77,6 @@ class ServerSettings(BaseModel):
     access_log: bool = True
     # OpenTelemetry spans per request and per engine stage (needs the `tracing` extra).
     tracing: bool = False
-    memory_budget: str | int = "90%"
-    request_timeout: float = Field(default=120.0, gt=0)
-    max_inputs_per_request: int = Field(default=2048, ge=1)
-    max_input_chars: int = Field(default=100_000, ge=1)
     graceful_timeout: float = Field(default=10.0, ge=0)
     # Media: what URLs may point at, how much is read, how large a decoded input may be.
     media_allow_private: bool = False
@@ -91,14 +88,10 @@ class ServerSettings(BaseModel):
     media_fetch_concurrency: int = Field(default=8, ge=1, le=256)
     media_max_fetches: int = Field(default=32, ge=1, le=4096)
     media_max_bytes_in_flight: int = Field(default=256 * 2**20, ge=1)
-    max_image_pixels: int = Field(default=40_000_000, ge=1)
-    max_audio_seconds: float = Field(default=600.0, gt=0)
-    max_image_aspect_ratio: float = Field(default=200.0, ge=1)
-    max_media_expansion: float = Field(default=256.0, ge=1)
-    max_audio_samples: int = Field(default=16_000_000, ge=1)
-    scaled_jpeg: bool = True
     # Routes whose body may omit `model` (TEI's, Infinity's, vLLM's): the model each route family uses then.
-    default_models: dict[Literal["embed", "embed_sparse", "embed_all", "predict", "rerank"], str] = {}
+    default_models: dict[Literal["embed", "embed_sparse", "embed_all", "predict", "rerank"], str] = Field(
+        default_factory=dict
+    )
     # Batch jobs (docs/batches.md): the folder of their database and files; None turns the API off.
     batch_dir: str | None = None
     batch_max_file_bytes: int = Field(default=100 * 2**20, ge=1024)
@@ -118,20 +111,8 @@ class ServerSettings(BaseModel):
         return tuple(h.strip() for h in value.split(",") if h.strip()) if isinstance(value, str) else value
 
 
-#: Server keys that are really registry limits; they are passed down to the registry.
-_REGISTRY_KEYS = (
-    "memory_budget",
-    "request_timeout",
-    "max_inputs_per_request",
-    "max_input_chars",
-    "max_image_pixels",
-    "max_audio_seconds",
-    "max_image_aspect_ratio",
-    "max_media_expansion",
-    "max_audio_samples",
-    "scaled_jpeg",
-    "allow_client_priority",
-)
+#: Server keys that are the registry's limits (`RegistryLimits`, embedded); they are passed down.
+_REGISTRY_KEYS = tuple(RegistryLimits.model_fields)
 
 
 @dataclass(frozen=True)

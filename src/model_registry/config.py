@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from model_registry.errors import ConfigError
-from model_registry.types import Kind
+from model_registry.types import Kind, MediaLimits
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 _BUDGET = re.compile(r"^\s*(\d+(\.\d+)?)\s*(%|b|kb|mb|gb|kib|mib|gib|tib)?\s*$", re.IGNORECASE)
@@ -174,28 +174,40 @@ class ModelSpec(_Frozen):
         return value
 
 
-class RegistryConfig(_Frozen):
+class RegistryLimits(MediaLimits):
+    """The limits that apply to every model: the registry's, and the server's `server:` keys of the
+    same names (its settings embed these, declared here once)."""
+
+    memory_budget: str | int = "90%"
+    request_timeout: float = Field(default=120.0, gt=0)
+    max_inputs_per_request: int = Field(default=2048, ge=1)
+    max_input_chars: int = Field(default=100_000, ge=1)
+    #: Clients may raise their priority above the default without the `priority` key scope.
+    allow_client_priority: bool = False
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget(cls, value: str | int) -> str | int:
+        parse_budget(value, total=1)
+        return value
+
+    @property
+    def media(self) -> MediaLimits:
+        """The media limits alone, as each model's load takes them."""
+        return MediaLimits(**{name: getattr(self, name) for name in MediaLimits.model_fields})
+
+
+class RegistryConfig(RegistryLimits):
     """Everything the registry needs: the models and the limits that apply to all of them."""
 
     models: tuple[ModelSpec, ...] = ()
-    memory_budget: str | int = "90%"
-    request_timeout: float = Field(default=120.0, gt=0)
     load_timeout: float = Field(default=600.0, gt=0)
     failed_retry_after: float = Field(default=30.0, ge=0)
     room_wait: float = Field(default=2.0, ge=0)
-    max_inputs_per_request: int = Field(default=2048, ge=1)
-    max_input_chars: int = Field(default=100_000, ge=1)
     #: Items a request may become once `long_inputs: "chunk"` windows its long texts.
     max_chunks_per_request: int = Field(default=256, ge=1)
     prepare_threads: int = Field(default=2, ge=1, le=64)
     small_request_items: int = Field(default=8, ge=0)
-    max_image_pixels: int = Field(default=40_000_000, ge=1)
-    max_audio_seconds: float = Field(default=600.0, gt=0)
-    max_image_aspect_ratio: float = Field(default=200.0, ge=1)
-    max_media_expansion: float = Field(default=256.0, ge=1)
-    max_audio_samples: int = Field(default=16_000_000, ge=1)
-    #: Decode a JPEG at 1/2, 1/4 or 1/8 scale where the model's resize still shrinks it 2x or more.
-    scaled_jpeg: bool = True
     #: A request waiting this long without progress gets the next batch ahead of higher classes
     #: (at most one such batch per interval per model); see docs/reliability.md.
     aging_seconds: float = Field(default=1.0, gt=0)
@@ -203,17 +215,9 @@ class RegistryConfig(_Frozen):
     max_batch_seconds: float = Field(default=0.5, gt=0)
     #: Share of the time before a deadline that admission may plan to fill at the measured rate.
     admission_headroom: float = Field(default=0.7, gt=0, le=1)
-    #: Clients may raise their priority above the default without the `priority` key scope.
-    allow_client_priority: bool = False
     #: Where converted engine artifacts (ONNX exports, CTranslate2 models) are cached; None is
     #: $INFINITY_ENGINE_CACHE or the user's cache directory.
     engine_cache: str | None = None
-
-    @field_validator("memory_budget")
-    @classmethod
-    def _budget(cls, value: str | int) -> str | int:
-        parse_budget(value, total=1)
-        return value
 
     @model_validator(mode="after")
     def _queues_hold_a_whole_request(self) -> RegistryConfig:

@@ -11,23 +11,16 @@ import math
 import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from model_registry.errors import InvalidInput
-from model_registry.types import EmbedItem, Item, Media, Modality
+from model_registry.types import EmbedItem, Item, Media, MediaLimits, Modality
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
-DEFAULT_MAX_AUDIO_SECONDS = 600.0
-#: Qwen2-VL's own processor refuses a ratio past 200; no retrieval model sees more.
-DEFAULT_MAX_ASPECT_RATIO = 200.0
-DEFAULT_MAX_EXPANSION = 256.0
-DEFAULT_MAX_AUDIO_SAMPLES = 16_000_000
 #: The largest decoded sample taken. Full scale is 1 (a float file may hold more, even int16's
 #: range); past this, a model's spectrogram powers overflow float32 into NaN vectors.
 MAX_SAMPLE = 1_000_000.0
@@ -41,40 +34,6 @@ REDUCING_GAP = 2
 Resize = Callable[[int, int], tuple[int, int]]
 #: EXIF orientations that swap width and height (transpose, the two quarter turns, transverse).
 _SWAPS = frozenset({5, 6, 7, 8})
-
-
-@dataclass(frozen=True, slots=True)
-class MediaLimits:
-    """What one decoded input may hold, checked from its header before any pixel or sample is decoded.
-
-    - `max_image_pixels`: width x height of an image;
-    - `max_image_aspect_ratio`: its longer side over its shorter side;
-    - `max_media_expansion`: decoded RGB bytes per encoded byte (above `DECODE_FLOOR`), so a few
-      hundred bytes of PNG cannot become a gigabyte of pixels;
-    - `max_audio_seconds`: the declared duration of a clip;
-    - `max_audio_samples`: channels x frames of the part that is decoded (the model's window), and
-      the samples that part resamples to at the model's rate.
-    """
-
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS
-    max_image_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO
-    max_media_expansion: float = DEFAULT_MAX_EXPANSION
-    max_audio_samples: int = DEFAULT_MAX_AUDIO_SAMPLES
-    #: JPEGs decoded at a reduced scale where the model's resize allows it (`jpeg_scale`).
-    scaled_jpeg: bool = True
-
-    @classmethod
-    def of(cls, options: Any) -> MediaLimits:
-        """The limits an adapter's `LoadOptions` carry."""
-        return cls(
-            max_image_pixels=options.max_image_pixels,
-            max_audio_seconds=options.max_audio_seconds,
-            max_image_aspect_ratio=options.max_image_aspect_ratio,
-            max_media_expansion=options.max_media_expansion,
-            max_audio_samples=options.max_audio_samples,
-            scaled_jpeg=options.scaled_jpeg,
-        )
 
 
 def _bad(index: int, what: str) -> InvalidInput:

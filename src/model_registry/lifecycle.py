@@ -264,12 +264,7 @@ class Lifecycle:
             quantize=spec.quantize,
             cache_dir=self.config.engine_cache,
             max_batch_tokens=batch_tokens(spec, handle.device),
-            max_image_pixels=self.config.max_image_pixels,
-            max_audio_seconds=self.config.max_audio_seconds,
-            max_image_aspect_ratio=self.config.max_image_aspect_ratio,
-            max_media_expansion=self.config.max_media_expansion,
-            max_audio_samples=self.config.max_audio_samples,
-            scaled_jpeg=self.config.scaled_jpeg,
+            media=self.config.media,
             cuda_graphs=spec.cuda_graphs,
         )
         # Estimating reads weight files (sizes, maybe headers): off the loop like the load itself.

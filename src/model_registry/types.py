@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from pydantic import BaseModel, ConfigDict, Field
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -163,6 +165,31 @@ class Prepared:
     tokens: int
     data: Any
     group: str = ""
+
+
+class MediaLimits(BaseModel):
+    """What one decoded input may hold, checked from its header before any pixel or sample is decoded.
+
+    - `max_image_pixels`: width x height of an image;
+    - `max_image_aspect_ratio`: its longer side over its shorter side (Qwen2-VL's own processor
+      refuses a ratio past 200; no retrieval model sees more);
+    - `max_media_expansion`: decoded RGB bytes per encoded byte (above `decoding.DECODE_FLOOR`), so
+      a few hundred bytes of PNG cannot become a gigabyte of pixels;
+    - `max_audio_seconds`: the declared duration of a clip;
+    - `max_audio_samples`: channels x frames of the part that is decoded (the model's window), and
+      the samples that part resamples to at the model's rate;
+    - `scaled_jpeg`: a JPEG decoded at 1/2, 1/4 or 1/8 scale where the model's resize still
+      shrinks it 2x or more (`decoding.jpeg_scale`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_image_pixels: int = Field(default=40_000_000, ge=1)
+    max_audio_seconds: float = Field(default=600.0, gt=0)
+    max_image_aspect_ratio: float = Field(default=200.0, ge=1)
+    max_media_expansion: float = Field(default=256.0, ge=1)
+    max_audio_samples: int = Field(default=16_000_000, ge=1)
+    scaled_jpeg: bool = True
 
 
 # ---- outputs ----------------------------------------------------------------------------------

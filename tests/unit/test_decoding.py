@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from model_registry.decoding import MediaLimits, decode_audio, decode_image
+from model_registry.decoding import decode_audio, decode_image
 from model_registry.errors import InvalidInput
+from model_registry.types import MediaLimits
 from tests.builders.media import image_bytes, lying_wav, one_colour_png, smooth_image, strip_png, wav_bytes
 
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from model_registry.types import Capability, Item, Kind, Prepared, Result, Similarity
+from model_registry.types import Capability, Item, Kind, MediaLimits, Prepared, Result, Similarity
 
 if TYPE_CHECKING:
     from model_registry.adapters.text import TextTokenizer
@@ -44,13 +44,8 @@ class LoadOptions:
     backend: str = "torch"
     quantize: str = "none"
     cache_dir: str | None = None
-    max_image_pixels: int = 40_000_000
-    max_audio_seconds: float = 600.0
-    max_image_aspect_ratio: float = 200.0
-    max_media_expansion: float = 256.0
-    max_audio_samples: int = 16_000_000
-    #: JPEGs decoded at a reduced scale where the model's resize allows it (`decoding.jpeg_scale`).
-    scaled_jpeg: bool = True
+    #: What one decoded image or clip may hold (the registry's `media` limits).
+    media: MediaLimits = field(default_factory=MediaLimits)
     #: The torch engine's CUDA graphs for small batches (the model's `cuda_graphs`).
     cuda_graphs: bool | Literal["auto"] = "auto"
 

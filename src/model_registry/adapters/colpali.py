@@ -23,10 +23,22 @@ from model_registry.adapters.clip import resize_of
 from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
 from model_registry.backends.weights import from_pretrained_checked
-from model_registry.decoding import MediaLimits, Resize, decode_image, media_of, processing
+from model_registry.decoding import Resize, decode_image, media_of, processing
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Modality, Output, Prepared, Result, Text
+from model_registry.types import (
+    Capability,
+    Embedding,
+    EmbedItem,
+    Item,
+    Kind,
+    MediaLimits,
+    Modality,
+    Output,
+    Prepared,
+    Result,
+    Text,
+)
 
 _CLASSES = {"ColPaliForRetrieval": "ColPaliForRetrieval", "ColQwen2ForRetrieval": "ColQwen2ForRetrieval"}
 
@@ -62,7 +74,7 @@ class ColPaliAdapter(Adapter):
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
         backend.configure_threads(options.threads)
-        self.limits = MediaLimits.of(options)
+        self.limits = options.media
         directory = str(self.layout.root)
         self.processor = transformers.AutoProcessor.from_pretrained(directory)  # type: ignore[no-untyped-call]
         self.resize = resize_of(self.processor.image_processor)  # PaliGemma's fixed size; None for ColQwen2's

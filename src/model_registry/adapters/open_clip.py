@@ -20,7 +20,6 @@ from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.towers import tower_text
 from model_registry.backends import torch as backend
 from model_registry.decoding import (
-    MediaLimits,
     Resize,
     crop_for_center_crop,
     decode_image,
@@ -31,7 +30,7 @@ from model_registry.decoding import (
 )
 from model_registry.detect import Layout
 from model_registry.errors import ModelUnavailable
-from model_registry.types import Capability, Embedding, Item, Kind, Modality, Prepared, Result
+from model_registry.types import Capability, Embedding, Item, Kind, MediaLimits, Modality, Prepared, Result
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class OpenClipAdapter(Adapter):
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
         backend.configure_threads(options.threads)
-        self.limits = MediaLimits.of(options)
+        self.limits = options.media
         name = f"local-dir:{self.layout.root}"
         model, _, transform = open_clip.create_model_and_transforms(name, device=self.device, precision="fp32")
         self.model = model.to(dtype=self.dtype).eval()

@@ -18,10 +18,21 @@ from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.text import pad
 from model_registry.backends import torch as backend
 from model_registry.backends.weights import from_pretrained_checked
-from model_registry.decoding import MediaLimits, media_of
+from model_registry.decoding import media_of
 from model_registry.detect import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.types import Embedding, EmbedItem, Item, Media, Modality, Output, Prepared, Result, Text
+from model_registry.types import (
+    Embedding,
+    EmbedItem,
+    Item,
+    Media,
+    MediaLimits,
+    Modality,
+    Output,
+    Prepared,
+    Result,
+    Text,
+)
 
 TEXT = "text"
 
@@ -79,7 +90,7 @@ class TwoTowerAdapter(Adapter):
         self.device = backend.resolve_device(options.device)
         self.dtype = backend.resolve_dtype(options.dtype, self.device)
         backend.configure_threads(options.threads)
-        self.limits = MediaLimits.of(options)
+        self.limits = options.media
         directory = str(self.layout.root)
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         model = from_pretrained_checked(
