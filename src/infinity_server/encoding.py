@@ -25,11 +25,11 @@ import orjson
 from infinity_server.schemas.responses import SparseEntry
 from model_registry import (
     Embedding,
-    InvalidInput,
     OutputLimit,
     Results,
     SparseVector,
     UnsupportedOperation,
+    normalized,
 )
 from model_registry.errors import not_finite
 
@@ -111,30 +111,9 @@ def dense_matrix(results: Results) -> np.ndarray:
     return np.stack(column(results, "dense"))
 
 
-def matryoshka(vectors: np.ndarray, dimensions: int | None, *, param: str = "dimensions") -> np.ndarray:
-    """Keep the first `dimensions` components and re-normalise each row (None keeps all)."""
-    width = vectors.shape[-1]
-    if dimensions is None:
-        return vectors
-    if not 1 <= dimensions <= width:
-        raise InvalidInput(f"{param} must be between 1 and {width} for this model, got {dimensions}", param=param)
-    return normalized(vectors[..., :dimensions])
-
-
-def normalized(vectors: np.ndarray) -> np.ndarray:
-    """Each row scaled to unit length (a zero row stays zero)."""
-    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    unit: np.ndarray = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
-    return unit
-
-
-def dense_vectors(
-    results: Results, dimensions: int | None = None, *, normalize: bool = False, param: str = "dimensions"
-) -> list[np.ndarray]:
-    """The dense vectors of `results`, cut to `dimensions` (re-normalised) or normalised if asked."""
+def dense_vectors(results: Results, *, normalize: bool = False) -> list[np.ndarray]:
+    """The dense vectors of `results` (a `dimensions` cut is the engine's: `embed`), normalised if asked."""
     matrix = dense_matrix(results)
-    if dimensions is not None:
-        return list(matryoshka(matrix, dimensions, param=param))
     return list(normalized(matrix) if normalize else matrix)
 
 

@@ -117,12 +117,17 @@ _REGISTRY_KEYS = tuple(RegistryLimits.model_fields)
 
 @dataclass(frozen=True)
 class Settings:
-    """The server's settings and the registry's; together they are checked against each other."""
+    """The server's settings and the registry's; together they are checked against each other. The
+    registry's limits the server's settings set (`RegistryLimits`' keys under `server:`) are the
+    registry's: one value, whichever way the two were built."""
 
     server: ServerSettings
     registry: RegistryConfig
 
     def __post_init__(self) -> None:
+        given = {key: getattr(self.server, key) for key in _REGISTRY_KEYS if key in self.server.model_fields_set}
+        if given:
+            object.__setattr__(self, "registry", self.registry.model_copy(update=given))
         served = [spec.name for spec in self.registry.models]
         for family, name in self.server.default_models.items():
             if name not in served:

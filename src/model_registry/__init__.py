@@ -26,6 +26,7 @@ from model_registry.handles import DeviceUsage, LifecycleEvent
 from model_registry.long_inputs import Span, check_span_count, sentences
 from model_registry.ranking import MAX_WEIGHT, Ranking
 from model_registry.registry import Registry
+from model_registry.similarity import normalized
 from model_registry.sync import SyncRegistry
 from model_registry.types import (
     Capability,
@@ -87,6 +88,7 @@ __all__ = [
     "catalogue_listing",
     "check_span_count",
     "load_config",
+    "normalized",
     "registry_config",
     "sentences",
 ]

@@ -6,6 +6,7 @@ the two ways of taking texts longer than the model (`long_inputs`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from model_registry import validation
 from model_registry.adapters.base import Adapter
@@ -14,7 +15,8 @@ from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.long_inputs import MODES as LONG_INPUT_MODES
 from model_registry.long_inputs import Plan, Span, merge, plan_chunks, plan_late
 from model_registry.runner import Runner
-from model_registry.types import Content, EmbedItem, Output, Results, Text, TokenIds
+from model_registry.similarity import matryoshka
+from model_registry.types import Content, Embedding, EmbedItem, Output, Results, Text, TokenIds
 from model_registry.validation import RawInput
 
 #: A role or prompt name -> the tasks it means on a model that has tasks: jina-v3's task adapters,
@@ -47,6 +49,8 @@ async def embed(
     timeout: float | None = None,
     long_inputs: str = "error",
     spans: Sequence[Sequence[Span]] | None = None,
+    dimensions: int | None = None,
+    dimensions_param: str = "dimensions",
 ) -> Results:
     """Embed texts (or token-id lists, or media) with `model`; one result per input, in order.
 
@@ -63,12 +67,16 @@ async def embed(
     pooled vectors of its overlapping windows (`long_inputs`); "error" refuses it (400).
     "late" reads each text whole (up to the model's length) and answers, as `multivector`, one
     vector per span: `spans[i]`'s character ranges of input i, or else its sentences.
+    `dimensions` cuts each dense vector to its first components, re-normalised (a Matryoshka cut),
+    checked against the model's width before any work (400 naming `dimensions_param`).
     """
     spec = registry.spec(model)
     contents = validation.contents(inputs, registry.config)
     adapter = await registry.adapter(model)
     wanted = frozenset(Output(o) for o in outputs)
     validation.require_outputs(model, adapter, wanted)
+    if dimensions is not None:
+        _check_cut(adapter, model, wanted, dimensions, dimensions_param)
     task, text_prompt = _task_prompt(adapter, model, task, prompt_name, prompt, role)
     cut = spec.truncate if truncate is None else truncate
     is_query = (prompt_name or role) == "query"
@@ -92,9 +100,31 @@ async def embed(
         for c, s in zip(contents, ranges, strict=True)
     ]
     if output_limit is not None:
-        output_limit.check(items, adapter.max_length, adapter.dimensions)
+        output_limit.check(items, adapter.max_length, dimensions or adapter.dimensions)
     results = await registry.run(model, items, priority=priority, timeout=timeout)
-    return results if plan is None else merge(results, plan, adapter.describe().get("normalize") is True)
+    if plan is not None:
+        results = merge(results, plan, adapter.describe().get("normalize") is True)
+    return results if dimensions is None else _cut(results, dimensions)
+
+
+def _check_cut(adapter: Adapter, model: str, wanted: frozenset[Output], dimensions: int, param: str) -> None:
+    """A Matryoshka cut a request asks for, refused before any work where it cannot apply."""
+    if Output.DENSE not in wanted:
+        raise InvalidInput(f"{param} cuts a dense vector; this request asks for no dense output", param=param)
+    width = adapter.dimensions
+    if not 1 <= dimensions <= (width if width is not None else dimensions):
+        raise InvalidInput(
+            f"{param} must be between 1 and {width} for the model '{model}', got {dimensions}", param=param
+        )
+
+
+def _cut(results: Results, dimensions: int) -> Results:
+    """Each dense vector's first `dimensions` components, re-normalised."""
+    items = tuple(
+        replace(r, dense=matryoshka(r.dense, dimensions)) if isinstance(r, Embedding) and r.dense is not None else r
+        for r in results.items
+    )
+    return replace(results, items=items)
 
 
 def _task_prompt(

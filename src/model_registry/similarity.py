@@ -17,6 +17,18 @@ from model_registry.types import Similarity, SparseVector
 Array = npt.NDArray[np.float32]
 
 
+def normalized(vectors: Array) -> Array:
+    """Each row scaled to unit length (a zero row stays zero), in float32."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    unit: Array = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    return unit
+
+
+def matryoshka(vector: Array, dimensions: int) -> Array:
+    """A Matryoshka cut: the first `dimensions` components, re-normalised."""
+    return normalized(vector[..., :dimensions])
+
+
 def cosine(query: Array, documents: Array) -> Array:
     """Cosine similarity of one query vector (d,) with each document row (n, d)."""
     q = query / max(float(np.linalg.norm(query)), 1e-12)

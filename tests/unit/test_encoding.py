@@ -18,7 +18,7 @@ from infinity_server.encoding import (
     quantize,
     sparse_entry,
 )
-from model_registry import BatchFailed, Embedding, InvalidInput, Results, SparseVector
+from model_registry import BatchFailed, Embedding, Results, SparseVector
 
 
 @pytest.fixture
@@ -66,16 +66,12 @@ def _results(matrix: np.ndarray) -> Results:
     return Results(tuple(Embedding(dense=row) for row in matrix), tokens=0)
 
 
-def test_dense_vectors_cut_normalise_and_leave_alone(vectors: np.ndarray) -> None:
+def test_dense_vectors_normalise_or_leave_alone(vectors: np.ndarray) -> None:
     scaled = vectors * 3.0
     results = _results(scaled)
     np.testing.assert_array_equal(np.stack(dense_vectors(results)), scaled)
     unit = np.stack(dense_vectors(results, normalize=True))
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
-    cut = np.stack(dense_vectors(results, 5))
-    np.testing.assert_allclose(cut, vectors[:, :5] / np.linalg.norm(vectors[:, :5], axis=1, keepdims=True), atol=1e-6)
-    with pytest.raises(InvalidInput, match="output_dimension must be between 1 and 20"):
-        dense_vectors(results, 21, param="output_dimension")
 
 
 def test_large_responses_are_written_off_the_event_loop() -> None:

@@ -124,7 +124,7 @@ async def _contents(request: Request, body: CohereEmbedRequest) -> AsyncIterator
 
 
 def embed_body(body: CohereEmbedRequest, results: Results, texts: list[str], version: str) -> CohereEmbedResponse:
-    vectors = dense_vectors(results, body.output_dimension, param="output_dimension")
+    vectors = dense_vectors(results)
     meta = {"api_version": {"version": version}, "billed_units": {"input_tokens": results.tokens}}
     if body.embedding_types is None and version == "1":
         floats = encode_vectors(vectors, "float32", "float")
@@ -157,6 +157,8 @@ async def _embed(request: Request, body: CohereEmbedRequest, version: str) -> Ve
             truncation_direction="left" if body.truncate == "START" else "right",
             max_tokens=body.max_tokens,
             priority=body.priority,
+            dimensions=body.output_dimension,
+            dimensions_param="output_dimension",
         )
     kinds = len(body.embedding_types or ["float"])
     return Vectors(lambda: embed_body(body, results, texts, version), kinds * numbers_in(results))

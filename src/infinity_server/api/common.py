@@ -97,21 +97,22 @@ _ON_LOOP_BYTES = 64 * 1024
 async def parse_body(request: Request, model: type[M], data: dict[str, Any] | None = None) -> M:
     """The JSON body (or `data`, already read from it) validated into `model`: malformed JSON or a
     wrong shape is a 422. Every body is validated here, so this is the one place where a priority
-    is checked: one above the default without the right to raise it is a 403, before anything else."""
+    is checked, in the engine's terms (`Body.engine_priority`): one above the default without the
+    right to raise it is a 403, before anything else."""
     data = await read_object(request) if data is None else data
     _count_spans(request, data)
     if model.model_family is not None and data.get("model") in (None, NOT_SPECIFIED):
         data = {**data, "model": model_for(request, None, model.model_family)}
-    if "priority" in model.model_fields:
-        asked = data.get("priority")
-        if isinstance(asked, int) and not isinstance(asked, bool):
-            check_priority(request, asked, lower_first=model.lower_priority_first)
+    takes_priority = "priority" in model.model_fields
+    asked = data.get("priority")
+    if takes_priority and isinstance(asked, int) and not isinstance(asked, bool):
+        check_priority(request, model.engine_priority(asked), lower_first=model.lower_priority_first)
     if getattr(request.state, "body_bytes", 0) <= _ON_LOOP_BYTES:
         parsed = model.model_validate(data)
     else:
         parsed = await asyncio.to_thread(model.model_validate, data)
     forced = request.scope.get("state", {}).get(ENGINE_PRIORITY)
-    if forced is not None and "priority" in model.model_fields:
+    if forced is not None and takes_priority:  # the server's own (a batch line's), in the engine's terms
         parsed = parsed.model_copy(update={"priority": forced})
     return parsed
 
@@ -126,14 +127,14 @@ def _count_spans(request: Request, data: dict[str, Any]) -> None:
     check_span_count(sum(len(s) if isinstance(s, list) else 1 for s in spans), limit)
 
 
-def check_priority(request: Request, asked: int, *, lower_first: bool = False) -> None:
+def check_priority(request: Request, engine: int, *, lower_first: bool = False) -> None:
     """The engine's priority policy, made explicit: a request the policy would not give the priority
-    it asks for is a 403 (a silent clamp would hide why it was not favoured). Lowering is free;
-    raising above the default needs the `priority` scope or `server.allow_client_priority`. With
-    `lower_first` (Cohere's and vLLM's `priority`), the engine's priority is `-asked`."""
-    engine = -asked if lower_first else asked
-    granted = has_scope(request.scope, PRIORITY) or request.app.state.settings.server.allow_client_priority
-    if registry_of(request).client_priority(engine, granted=granted) != engine:
+    it asks for (`engine`, in the engine's terms) is a 403 (a silent clamp would hide why it was not
+    favoured). Lowering is free; raising above the default needs the `priority` scope or
+    `allow_client_priority`, which the registry decides. The message says the number as the body
+    did (Cohere's and vLLM's `priority`, `lower_first`, is the engine's negated)."""
+    asked = -engine if lower_first else engine
+    if registry_of(request).client_priority(engine, granted=has_scope(request.scope, PRIORITY)) != engine:
         free = "0 or more (lower numbers run first)" if lower_first else "0 or less"
         raise HTTPError(
             403,

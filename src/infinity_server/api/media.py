@@ -39,10 +39,10 @@ def _infinity_route(
 ) -> Callable[[Request, MediaEmbeddingRequest], Awaitable[Vectors[EmbeddingResponse]]]:
     async def route(request: Request, body: MediaEmbeddingRequest) -> Vectors[EmbeddingResponse]:
         async with fetched_media(request, body.model, body.inputs(), modality) as media:
-            results = await registry_of(request).embed(body.model, media, priority=body.priority)
-        return Vectors(
-            lambda: embedding_list(body.model, results, body.encoding_format, body.dimensions), numbers_in(results)
-        )
+            results = await registry_of(request).embed(
+                body.model, media, priority=body.priority, dimensions=body.dimensions
+            )
+        return Vectors(lambda: embedding_list(body.model, results, body.encoding_format), numbers_in(results))
 
     route.__name__ = f"embeddings_{modality.value}"
     return route
@@ -115,10 +115,10 @@ async def upload(request: Request, form: FormData) -> Vectors[EmbeddingResponse]
     output = Output(_choice(form, "output", ("dense", "multivector")))
     encoding = _choice(form, "encoding_format", ("float", "base64"))
     dimensions = number(form, "dimensions")
-    results = await registry.embed(model, contents, outputs=(output,))
+    results = await registry.embed(model, contents, outputs=(output,), dimensions=dimensions)
     if output == Output.MULTIVECTOR:
         return Vectors(lambda: _multivector_list(model, results, encoding), numbers_in(results))
-    return Vectors(lambda: embedding_list(model, results, encoding, dimensions), numbers_in(results))
+    return Vectors(lambda: embedding_list(model, results, encoding), numbers_in(results))
 
 
 def number(form: FormData, name: str) -> int | None:

@@ -50,10 +50,10 @@ def usage(results: Results) -> Usage:
 
 
 def embedding_list(
-    model: str, results: Results, encoding_format: str, dimensions: int | None, embedding_type: str = "float32"
+    model: str, results: Results, encoding_format: str, embedding_type: str = "float32"
 ) -> EmbeddingResponse:
-    """The OpenAI list shape: one dense vector per input (cut to `dimensions` if asked)."""
-    encoded = encode_vectors(dense_vectors(results, dimensions), embedding_type, encoding_format)
+    """The OpenAI list shape: one dense vector per input."""
+    encoded = encode_vectors(dense_vectors(results), embedding_type, encoding_format)
     data: list[EmbeddingData] = [{"object": "embedding", "embedding": row, "index": i} for i, row in enumerate(encoded)]
     return {"object": "list", "data": data, "model": model, "usage": usage(results)}
 
@@ -84,6 +84,7 @@ async def embeddings(request: Request, body: EmbeddingRequest) -> Vectors[Embedd
             priority=body.priority,
             long_inputs=body.long_inputs,
             spans=body.spans,
+            dimensions=body.dimensions,
             **options,
         )
     if body.long_inputs == "late":
@@ -97,7 +98,7 @@ async def embeddings(request: Request, body: EmbeddingRequest) -> Vectors[Embedd
 
         return Vectors(late, numbers_in(results))
     return Vectors(
-        lambda: embedding_list(body.model, results, body.encoding_format, body.dimensions, body.embedding_type),
+        lambda: embedding_list(body.model, results, body.encoding_format, body.embedding_type),
         numbers_in(results),
     )
 

@@ -60,7 +60,12 @@ def _direction(options: TeiOptions | Any) -> str:
 
 
 async def _embed_with(
-    request: Request, body: TeiEmbedRequest, family: str, output: str, limit: OutputLimit | None = None
+    request: Request,
+    body: TeiEmbedRequest,
+    family: str,
+    output: str,
+    limit: OutputLimit | None = None,
+    dimensions: int | None = None,
 ) -> Results:
     model = model_for(request, body.model, family)
     return await registry_of(request).embed(
@@ -74,15 +79,16 @@ async def _embed_with(
         priority=body.priority,
         long_inputs=body.long_inputs,
         spans=body.spans,
+        dimensions=dimensions,
     )
 
 
 async def embed(request: Request, body: TeiEmbedRequest) -> Vectors[TeiEmbedResponse | list[list[SpanVector]]]:
-    results = await _embed_with(request, body, "embed", "dense")
+    results = await _embed_with(request, body, "embed", "dense", dimensions=body.dimensions)
     if body.long_inputs == "late":
         answer = late_spans(results, _inputs(body), body.spans)
         return Vectors(lambda: answer, numbers_in(results))
-    return Vectors(lambda: dense_vectors(results, body.dimensions, normalize=body.normalize), numbers_in(results))
+    return Vectors(lambda: dense_vectors(results, normalize=body.normalize), numbers_in(results))
 
 
 def _inputs(body: TeiEmbedRequest) -> list[Any]:

@@ -128,7 +128,13 @@ async def pooling(request: Request, body: PoolingRequest) -> Vectors[PoolingResp
     options = body.truncation(body.truncate)
     limit = output_limit(request.app.state.settings.server.max_output_bytes, "float32", body.encoding_format)
     results = await registry.embed(
-        body.model, body.inputs(), outputs=(output,), output_limit=limit, priority=body.priority, **options
+        body.model,
+        body.inputs(),
+        outputs=(output,),
+        output_limit=limit,
+        priority=body.priority,
+        dimensions=body.dimensions,
+        **options,
     )
     # Whether a model normalises is known once it is loaded, as it is now.
     if body.use_activation is False and registry.info(body.model).extra.get("normalize") is not False:
@@ -139,7 +145,7 @@ async def pooling(request: Request, body: PoolingRequest) -> Vectors[PoolingResp
         )
 
     def build() -> PoolingResponse:
-        vectors = dense_vectors(results, body.dimensions) if output == Output.DENSE else column(results, "multivector")
+        vectors = dense_vectors(results) if output == Output.DENSE else column(results, "multivector")
         arrays = encode_vectors(vectors, "float32", body.encoding_format)
         data: list[PoolingData] = [{"index": i, "object": "pooling", "data": a} for i, a in enumerate(arrays)]
         return {

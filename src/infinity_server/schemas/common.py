@@ -15,6 +15,7 @@ Priority = Annotated[StrictInt | None, Field(ge=-100, le=100)]
 
 
 def _negated(value: int | None) -> int | None:
+    # what `Body.engine_priority` does for a body with `lower_priority_first`
     return None if value is None else -value
 
 
@@ -84,6 +85,13 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, json_schema_extra=_null_allowed)
     #: The body's `priority` is a `LowerFirstPriority` (its dialect runs lower numbers first).
     lower_priority_first: ClassVar[bool] = False
+
+    @classmethod
+    def engine_priority(cls, asked: int) -> int:
+        """A `priority` as this body's dialect says it, in the engine's terms (higher runs first):
+        the one place the sign convention is converted (`LowerFirstPriority` validates through it)."""
+        return -asked if cls.lower_priority_first else asked
+
     #: A body whose dialect lets `model` be left out (Infinity's, vLLM's) names the route family
     #: whose default model it then runs (`api.common.model_for`).
     model_family: ClassVar[str | None] = None
