@@ -117,6 +117,7 @@ _MEDIA_TYPES = {
     "clap": Kind.AUDIO_TEXT,
     "colpali": Kind.PAGE_TEXT,
     "colqwen2": Kind.PAGE_TEXT,
+    "colmodernvbert": Kind.PAGE_TEXT,
 }
 _MEDIA_ARCHITECTURES = {
     "CLIPModel": Kind.IMAGE_TEXT,
@@ -125,6 +126,7 @@ _MEDIA_ARCHITECTURES = {
     "ClapModel": Kind.AUDIO_TEXT,
     "ColPaliForRetrieval": Kind.PAGE_TEXT,
     "ColQwen2ForRetrieval": Kind.PAGE_TEXT,
+    "ColModernVBertForRetrieval": Kind.PAGE_TEXT,
 }
 
 
@@ -463,7 +465,7 @@ RULES: tuple[Rule, ...] = (
         "kind",
         lambda f: f.model_type in _MEDIA_TYPES or any(a in _MEDIA_ARCHITECTURES for a in f.architectures),
         "the media kind of its architecture: CLIP, SigLIP, SigLIP 2 `image_text`; CLAP `audio_text`; "
-        "ColPali, ColQwen2 `page_text`",
+        "ColPali, ColQwen2, ColModernVBert `page_text`",
         kind=_media_kind,
     ),
     Rule(

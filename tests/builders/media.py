@@ -371,3 +371,52 @@ def tiny_siglip2_naflex(root: Path, *, seed: int = 0, max_num_patches: int = 24)
     images = Siglip2ImageProcessor(patch_size=8, max_num_patches=max_num_patches)
     Siglip2Processor(image_processor=images, tokenizer=tokenizer).save_pretrained(root)
     return root
+
+
+def tiny_colmodernvbert(root: Path, *, seed: int = 0) -> Path:
+    """ColModernVBertForRetrieval on a 2-layer ModernBERT and a 64 px SigLIP tower, 4 tokens per image
+    after the pixel shuffle; pages up to 128 px on their longest side, split into 64 px tiles and a
+    global image (Idefics3's image processor), so their token counts vary with their shape."""
+    from transformers import (
+        ColModernVBertConfig,
+        ColModernVBertForRetrieval,
+        ColModernVBertProcessor,
+        Idefics3ImageProcessor,
+        ModernBertConfig,
+        ModernVBertConfig,
+        SiglipVisionConfig,
+    )
+
+    torch.manual_seed(seed)
+    tokenizer: Any = qwen_tokenizer()
+    tiles = [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+    marks = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", "<|begin_of_text|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": [*marks, *tiles]})
+    images = Idefics3ImageProcessor(
+        size={"longest_edge": 128}, max_image_size={"longest_edge": 64}, do_image_splitting=True
+    )
+    processor = ColModernVBertProcessor(image_processor=images, tokenizer=tokenizer, image_seq_len=4)
+    special = {key: tokenizer.pad_token_id for key in ("bos_token_id", "cls_token_id", "sep_token_id")}
+    text = ModernBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        **special,
+    )
+    vision = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=8
+    )
+    vlm = ModernVBertConfig(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        pixel_shuffle_factor=4,
+    )
+    model = ColModernVBertForRetrieval(ColModernVBertConfig(vlm_config=vlm.to_dict(), embedding_dim=16)).eval()
+    model.save_pretrained(root)
+    processor.save_pretrained(root)
+    return root

@@ -11,7 +11,15 @@ from typing import Any
 from infinity_server.app import create_app
 from infinity_server.settings import ServerSettings, Settings
 from model_registry.config import registry_config
-from tests.builders.media import tiny_clap, tiny_clip, tiny_colpali, tiny_colqwen2, tiny_open_clip, tiny_siglip
+from tests.builders.media import (
+    tiny_clap,
+    tiny_clip,
+    tiny_colmodernvbert,
+    tiny_colpali,
+    tiny_colqwen2,
+    tiny_open_clip,
+    tiny_siglip,
+)
 from tests.conftest import LiveServer, start_server
 
 MIME = {".jpg": "image/jpeg", ".png": "image/png", ".wav": "audio/wav"}
@@ -25,6 +33,7 @@ def build_models(root: Path) -> dict[str, Path]:
         "clap": tiny_clap(root / "clap"),
         "colpali": tiny_colpali(root / "colpali"),
         "colqwen2": tiny_colqwen2(root / "colqwen2"),
+        "colmodernvbert": tiny_colmodernvbert(root / "colmodernvbert"),
     }
 
 

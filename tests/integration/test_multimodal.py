@@ -181,14 +181,15 @@ def test_clap_parity_with_transformers(client: httpx.Client, models: dict[str, P
 
 
 def colpali_reference(path: Path, photo: bytes, query: str) -> tuple[np.ndarray, np.ndarray]:
-    """The model's own outputs for one page and one query (ColPali or ColQwen2, by the directory)."""
+    """The model's own outputs for one page and one query (ColPali, ColQwen2 or ColModernVBert, by the
+    directory)."""
     import transformers
     from PIL import Image
 
     config = json.loads((path / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(path).eval()
     processor = transformers.AutoProcessor.from_pretrained(path)
-    keys = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "image_grid_thw")
+    keys = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "image_grid_thw", "pixel_attention_mask")
     with torch.inference_mode():
         page = processor.process_images([Image.open(io.BytesIO(photo)).convert("RGB")])
         page_vectors = model(**{k: page[k] for k in keys if k in page}).embeddings[0].numpy()
@@ -205,7 +206,7 @@ def multivectors(response: httpx.Response) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("model", ["colpali", "colqwen2"])
+@pytest.mark.parametrize("model", ["colpali", "colqwen2", "colmodernvbert"])
 def test_page_model_parity_with_transformers(
     client: httpx.Client, models: dict[str, Path], data_dir: Path, model: str
 ) -> None:
@@ -320,11 +321,11 @@ def test_audio_batched_equals_single(client: httpx.Client, data_dir: Path) -> No
     np.testing.assert_allclose(batched, single, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", ["colpali", "colqwen2"])
+@pytest.mark.parametrize("model", ["colpali", "colqwen2", "colmodernvbert"])
 def test_pages_batched_equal_single(client: httpx.Client, data_dir: Path, model: str) -> None:
     pages = photo_variants(data_dir)
     batched = multivectors(upload(client, model, [(f"{i}.png", p) for i, p in enumerate(pages)], output="multivector"))
-    if model == "colqwen2":  # pages of other shapes have other token counts: padding is exercised
+    if model != "colpali":  # pages of other shapes have other token counts: padding is exercised
         assert len({len(v) for v in batched}) > 1
     for page, together in zip(pages, batched, strict=True):
         (alone,) = multivectors(upload(client, model, [("p.png", page)], output="multivector"))
@@ -389,6 +390,7 @@ def test_models_report_their_kind(client: httpx.Client) -> None:
     assert kinds["clap"] == ("audio_text", ["embed_audio", "embed_text"])
     assert kinds["colpali"] == ("page_text", ["embed_image", "embed_text", "multivector"])
     assert kinds["colqwen2"] == ("page_text", ["embed_image", "embed_text", "multivector"])
+    assert kinds["colmodernvbert"] == ("page_text", ["embed_image", "embed_text", "multivector"])
 
 
 def test_page_models_answer_only_multivector_requests(client: httpx.Client, data_dir: Path) -> None:

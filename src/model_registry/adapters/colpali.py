@@ -1,4 +1,5 @@
-"""ColPali and ColQwen2 through transformers: page images and text queries to multi-vectors.
+"""ColPali, ColQwen2 and ColModernVBert through transformers: page images and text queries to
+multi-vectors.
 
 The model's own processor builds the inputs (the image prompt and its image tokens; the query
 prefix and augmentation tokens), one item at a time in `prepare`; `collate` pads them. A page
@@ -40,7 +41,11 @@ from model_registry.types import (
     Text,
 )
 
-_CLASSES = {"ColPaliForRetrieval": "ColPaliForRetrieval", "ColQwen2ForRetrieval": "ColQwen2ForRetrieval"}
+_CLASSES = {
+    "ColPaliForRetrieval": "ColPaliForRetrieval",
+    "ColQwen2ForRetrieval": "ColQwen2ForRetrieval",
+    "ColModernVBertForRetrieval": "ColModernVBertForRetrieval",
+}
 
 
 @dataclass(frozen=True)
@@ -191,8 +196,18 @@ class ColPaliAdapter(Adapter):
         return PageBatch(moved, tensors["attention_mask"].bool())
 
     def _pixels(self, items: Sequence[Prepared]) -> dict[str, torch.Tensor]:
-        """Stack page pixels; ColQwen2's variable patch counts are padded to the longest."""
+        """Stack page pixels; ColQwen2's variable patch counts are padded to the longest, and
+        ColModernVBert's variable tile counts with all-zero tiles, which the model skips."""
         pixels = [p.data["pixel_values"] for p in items]
+        if "pixel_attention_mask" in items[0].data:
+            longest = max(len(p) for p in pixels)
+            masks = [p.data["pixel_attention_mask"] for p in items]
+            pixels = [np.concatenate([p, np.zeros((longest - len(p), *p.shape[1:]), p.dtype)]) for p in pixels]
+            masks = [np.concatenate([m, np.zeros((longest - len(m), *m.shape[1:]), m.dtype)]) for m in masks]
+            return {
+                "pixel_values": torch.from_numpy(np.stack(pixels)).to(self.dtype),
+                "pixel_attention_mask": torch.from_numpy(np.stack(masks)),
+            }
         if "image_grid_thw" in items[0].data:
             longest = max(len(p) for p in pixels)
             pixels = [np.concatenate([p, np.zeros((longest - len(p), *p.shape[1:]), p.dtype)]) for p in pixels]
