@@ -30,7 +30,7 @@ ENGINE_LAYERS: tuple[frozenset[str], ...] = tuple(
         "memory warmup worker",
         "batching admission timing heap",
         "adapters",  # the model families
-        "decoding similarity detect detect_rules native_ports",
+        "decoding pages similarity detect detect_rules native_ports",
         "config",
         "backends",  # the engines
         "detect_zoo llm_rerank sources catalogue devices",

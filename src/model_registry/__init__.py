@@ -24,6 +24,7 @@ from model_registry.errors import (
 )
 from model_registry.handles import DeviceUsage, LifecycleEvent
 from model_registry.long_inputs import Span, check_span_count, sentences
+from model_registry.pages import Page, is_pdf
 from model_registry.ranking import MAX_WEIGHT, Ranking
 from model_registry.registry import Registry
 from model_registry.similarity import normalized
@@ -71,6 +72,7 @@ __all__ = [
     "Output",
     "OutputLimit",
     "Overloaded",
+    "Page",
     "Ranking",
     "Registry",
     "RegistryConfig",
@@ -87,6 +89,7 @@ __all__ = [
     "UnsupportedOperation",
     "catalogue_listing",
     "check_span_count",
+    "is_pdf",
     "load_config",
     "normalized",
     "registry_config",

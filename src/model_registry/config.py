@@ -184,6 +184,8 @@ class RegistryLimits(MediaLimits):
     max_input_chars: int = Field(default=100_000, ge=1)
     #: Clients may raise their priority above the default without the `priority` key scope.
     allow_client_priority: bool = False
+    #: Pages a request's PDFs may hold together, counted before any is rendered (docs/multimodal.md).
+    max_pdf_pages: int = Field(default=64, ge=1)
 
     @field_validator("memory_budget")
     @classmethod

@@ -14,6 +14,7 @@ from model_registry.admission import OutputLimit
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.long_inputs import MODES as LONG_INPUT_MODES
 from model_registry.long_inputs import Plan, Span, merge, plan_chunks, plan_late
+from model_registry.pages import Page, render
 from model_registry.runner import Runner
 from model_registry.similarity import matryoshka
 from model_registry.types import Content, Embedding, EmbedItem, Output, Results, Text, TokenIds
@@ -105,6 +106,27 @@ async def embed(
     if plan is not None:
         results = merge(results, plan, adapter.describe().get("normalize") is True)
     return results if dimensions is None else _cut(results, dimensions)
+
+
+async def pages(
+    registry: Runner, model: str, document: bytes, index: int = 0, *, max_pages: int | None = None
+) -> list[Page]:
+    """The pages of the PDF `document` (input `index`) as images for the page model `model`,
+    rendered at its working resolution on its prepare threads; at most `max_pages` (else the
+    registry's `max_pdf_pages`), counted before any page is rendered."""
+    adapter = await registry.adapter(model)
+    if adapter.page_pixels is None:
+        raise UnsupportedOperation(
+            f"input {index} is a PDF, which is rendered to page images for page models (ColPali, ColQwen2, "
+            f"ColModernVBert); the model '{model}' is not one",
+            param="input",
+        )
+    limits, pixels = registry.config, adapter.page_pixels
+    most = limits.max_pdf_pages if max_pages is None else max_pages
+    return await registry.on_model_threads(
+        model,
+        lambda: render(document, index, page_pixels=pixels, max_pages=most, max_pixels=limits.max_image_pixels),
+    )
 
 
 def _check_cut(adapter: Adapter, model: str, wanted: frozenset[Output], dimensions: int, param: str) -> None:

@@ -205,6 +205,7 @@ class Registry:
     # ---- operations: each task's semantics live in the module named for it -------------------
 
     embed = embedding.embed
+    pages = embedding.pages
     rerank = ranking.rerank
     score = scoring.score
     classify = classify.classify

@@ -22,7 +22,7 @@ from tests.builders.media import (
 )
 from tests.conftest import LiveServer, start_server
 
-MIME = {".jpg": "image/jpeg", ".png": "image/png", ".wav": "audio/wav"}
+MIME = {".jpg": "image/jpeg", ".png": "image/png", ".wav": "audio/wav", ".pdf": "application/pdf"}
 
 
 def build_models(root: Path) -> dict[str, Path]:

@@ -427,3 +427,83 @@ def test_upload_options(client: httpx.Client, data_dir: Path) -> None:
     missing = client.post("/v1/rerank/images/upload", data={"model": "clip"}, files=files)
     assert missing.status_code == 422
     assert missing.json()["error"]["param"] == "query"
+
+
+# ---- documents as pages ------------------------------------------------------------------------------
+
+
+def pdf_of(pictures: list[bytes]) -> bytes:
+    """A PDF with one page per picture, written by Pillow."""
+    from PIL import Image
+
+    pages = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
+    buffer = io.BytesIO()
+    pages[0].save(buffer, format="PDF", save_all=True, append_images=pages[1:], resolution=72)
+    return buffer.getvalue()
+
+
+def rendered_pages(path: Path, document: bytes) -> list[bytes]:
+    """The reference pipeline: PDFium renders each page at the page model's own working size (its
+    image processor's pixels: a fixed height x width, or the longest edge squared), aspect kept."""
+    import math
+
+    import pypdfium2
+    import transformers
+
+    size = dict(transformers.AutoProcessor.from_pretrained(path).image_processor.size)
+    pixels = size["height"] * size["width"] if "height" in size else size["longest_edge"] ** 2
+    out = []
+    pdf = pypdfium2.PdfDocument(document)
+    for page in pdf:
+        width, height = page.get_size()
+        picture = page.render(scale=math.sqrt(pixels / (width * height))).to_pil().convert("RGB")
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        out.append(buffer.getvalue())
+    pdf.close()
+    return out
+
+
+@pytest.mark.parametrize("model", ["colpali", "colmodernvbert"])
+def test_a_pdf_is_embedded_page_by_page_as_its_rendered_pages(
+    client: httpx.Client, models: dict[str, Path], data_dir: Path, model: str
+) -> None:
+    document = pdf_of(photo_variants(data_dir))
+    parts: list[tuple[str, Any]] = [("file", ("q.png", image_bytes(30, 20), "image/png"))]
+    parts.append(("file", ("doc.pdf", document, "application/pdf")))
+    answer = client.post("/v1/embeddings/upload", data={"model": model, "output": "multivector"}, files=parts)
+    assert answer.status_code == 200, answer.text
+    entries = answer.json()["data"]
+    assert [(e["index"], e.get("input"), e.get("page")) for e in entries] == [
+        (0, None, None),
+        (1, 1, 1),
+        (2, 1, 2),
+        (3, 1, 3),
+    ]
+    pages = rendered_pages(models[model], document)
+    expected = multivectors(upload(client, model, [(f"{i}.png", p) for i, p in enumerate(pages)], output="multivector"))
+    got = [np.asarray(e["embedding"], dtype=np.float32) for e in entries[1:]]
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_allclose(mine, theirs, atol=1e-5)
+
+
+def test_pdf_pages_are_bounded_and_only_for_page_models(models: dict[str, Path], data_dir: Path) -> None:
+    document = pdf_of(photo_variants(data_dir))
+    pdf = [("file", ("doc.pdf", document, "application/pdf"))]
+    chosen = {name: models[name] for name in ("colpali", "clip")}
+    with media_server(chosen, max_pdf_pages=2) as live, live.client() as client:
+        many = client.post("/v1/embeddings/upload", data={"model": "colpali", "output": "multivector"}, files=pdf)
+        clip = client.post("/v1/embeddings/upload", data={"model": "clip"}, files=pdf)
+        broken = [("file", ("bad.pdf", b"%PDF-1.7\nnot a document", "application/pdf"))]
+        unreadable = client.post(
+            "/v1/embeddings/upload", data={"model": "colpali", "output": "multivector"}, files=broken
+        )
+        health = client.get("/health")
+    assert many.status_code == 400, many.text
+    assert "3 pages" in many.json()["error"]["message"]
+    assert "max_pdf_pages" in many.json()["error"]["message"]
+    assert clip.status_code == 400, clip.text
+    assert "page models" in clip.json()["error"]["message"]
+    assert unreadable.status_code == 400, unreadable.text
+    assert "cannot be read" in unreadable.json()["error"]["message"]
+    assert health.status_code == 200

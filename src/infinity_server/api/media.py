@@ -3,7 +3,8 @@
 - `modality: image | audio` on the OpenAI and Infinity embeddings routes (the OpenAI module);
 - Infinity's image and audio embeddings routes;
 - the embeddings upload route: multipart/form-data with a `model` field and the files (and any
-  `input` text fields), embedded in the order they appear;
+  `input` text fields), embedded in the order they appear; a PDF given to a page model is embedded
+  page by page, each page's entry naming its `input` and `page`;
 - image rerank, as JSON (URLs or data URIs) or as an upload (multipart: `model`, `query`, files):
   pages or photos ranked against a text query, by cosine for CLIP-style models and by MaxSim for
   ColPali.
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
@@ -31,7 +33,7 @@ from infinity_server.schemas.responses import (
     RerankResult,
     Usage,
 )
-from model_registry import Content, InvalidInput, Media, Modality, Output, Results, Score, Text
+from model_registry import Content, InvalidInput, Media, Modality, Output, Registry, Results, Score, Text, is_pdf
 
 
 def _infinity_route(
@@ -62,6 +64,20 @@ def field(form: FormData, name: str, *, required: bool = False) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class _Document:
+    """An uploaded PDF, rendered to its pages before the request is embedded."""
+
+    data: bytes
+    source: str
+
+
+def _is_document(upload: UploadFile, data: bytes) -> bool:
+    return upload.content_type == "application/pdf" or (
+        upload.content_type in (None, "application/octet-stream") and is_pdf(data)
+    )
+
+
 def _modality(upload: UploadFile, declared: str | None, index: int) -> Modality:
     if declared is not None:
         if declared not in ("image", "audio"):
@@ -77,15 +93,18 @@ def _modality(upload: UploadFile, declared: str | None, index: int) -> Modality:
     )
 
 
-async def uploaded_contents(form: FormData, limit: int, declared: str | None) -> list[Content]:
+async def uploaded_contents(form: FormData, limit: int, declared: str | None) -> list[Content | _Document]:
     """Files and `input` text fields, in form order; other fields are options, not inputs."""
-    contents: list[Content] = []
+    contents: list[Content | _Document] = []
     for name, value in form.multi_items():
         if isinstance(value, UploadFile):
             index = len(contents)
             data = await value.read(limit + 1)
             if len(data) > limit:
                 raise InvalidInput(f"input {index}: the file is larger than the limit of {limit:,} bytes")
+            if _is_document(value, data):
+                contents.append(_Document(data, value.filename or ""))
+                continue
             contents.append(Media(_modality(value, declared, index), data, source=value.filename or ""))
         elif name == "input":
             contents.append(Text(value))
@@ -111,14 +130,43 @@ async def upload(request: Request, form: FormData) -> Vectors[EmbeddingResponse]
     registry = registry_of(request)
     registry.info(model)
     limit = request.app.state.settings.server.media_max_bytes
-    contents = await uploaded_contents(form, limit, field(form, "modality"))
+    uploaded = await uploaded_contents(form, limit, field(form, "modality"))
     output = Output(_choice(form, "output", ("dense", "multivector")))
     encoding = _choice(form, "encoding_format", ("float", "base64"))
     dimensions = number(form, "dimensions")
+    contents, origins = await _pages(registry, model, uploaded)
     results = await registry.embed(model, contents, outputs=(output,), dimensions=dimensions)
     if output == Output.MULTIVECTOR:
-        return Vectors(lambda: _multivector_list(model, results, encoding), numbers_in(results))
-    return Vectors(lambda: embedding_list(model, results, encoding), numbers_in(results))
+        return Vectors(lambda: _paged(_multivector_list(model, results, encoding), origins), numbers_in(results))
+    return Vectors(lambda: _paged(embedding_list(model, results, encoding), origins), numbers_in(results))
+
+
+async def _pages(
+    registry: Registry, model: str, uploaded: Sequence[Content | _Document]
+) -> tuple[list[Content], list[tuple[int, int] | None]]:
+    """The inputs with each PDF replaced by its pages, and where each came from: (input, page) for a
+    page, None for an input given as it is. The request's PDFs share `max_pdf_pages` between them."""
+    contents: list[Content] = []
+    origins: list[tuple[int, int] | None] = []
+    left = registry.config.max_pdf_pages
+    for index, item in enumerate(uploaded):
+        if not isinstance(item, _Document):
+            contents.append(item)
+            origins.append(None)
+            continue
+        pages = await registry.pages(model, item.data, index, max_pages=left)
+        left -= len(pages)
+        contents.extend(page.image for page in pages)
+        origins.extend((index, page.number) for page in pages)
+    return contents, origins
+
+
+def _paged(response: EmbeddingResponse, origins: Sequence[tuple[int, int] | None]) -> EmbeddingResponse:
+    """Each page's entry names its input and its page number (from 1)."""
+    for entry, origin in zip(response["data"], origins, strict=True):
+        if origin is not None:
+            entry["input"], entry["page"] = origin
+    return response
 
 
 def number(form: FormData, name: str) -> int | None:

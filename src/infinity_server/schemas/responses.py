@@ -63,6 +63,8 @@ class EmbeddingData(TypedDict):
     ]
     index: int
     shape: NotRequired[Annotated[list[int], Field(description="multi-vector output only: [tokens, width]")]]
+    input: NotRequired[Annotated[int, Field(description="a PDF's page only: the input (file) it came from")]]
+    page: NotRequired[Annotated[int, Field(description="a PDF's page only: its number in the document, from 1")]]
 
 
 class EmbeddingResponse(TypedDict):
@@ -252,7 +254,10 @@ class EmbeddingUpload(TypedDict):
     """multipart/form-data of the embeddings upload route: the files, in order, and options."""
 
     model: str
-    file: Annotated[list[bytes], Field(description="the files (any field name); image/* or audio/* content types")]
+    file: Annotated[
+        list[bytes],
+        Field(description="the files (any field name): image/* or audio/*, or application/pdf for a page model"),
+    ]
     input: NotRequired[Annotated[list[str], Field(description="text inputs, embedded in form order with the files")]]
     modality: NotRequired[Literal["image", "audio"]]
     output: NotRequired[Literal["dense", "multivector"]]

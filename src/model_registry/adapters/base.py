@@ -81,6 +81,9 @@ class Adapter(abc.ABC):
     token_caps: bool = False
     #: The ends an over-long text may be cut at ("right" keeps its start).
     truncation_sides: tuple[str, ...] = ("right",)
+    #: A page model's working resolution in pixels (its processor's image size): a PDF's pages are
+    #: rendered at about this many pixels each (`pages.render`); None for other models.
+    page_pixels: int | None = None
     #: Whether a small request's batch may run on the caller's thread while the model is idle
     #: (`Worker.run_here`): a computation of microseconds (a table lookup), thread-safe, for which
     #: the hops to the worker's threads and back are most of an idle request's time.

@@ -48,6 +48,21 @@ _CLASSES = {
 }
 
 
+def _working_pixels(images: Any) -> int:
+    """The pixels the image processor works a page at: PaliGemma's fixed size, Qwen2-VL's most
+    pixels, Idefics3's longest edge squared (ColModernVBert); 448 x 448 where it says none."""
+    size = {k: v for k, v in dict(getattr(images, "size", None) or {}).items() if isinstance(v, int) and v > 0}
+    most = getattr(images, "max_pixels", None)
+    if isinstance(most, int) and most > 0:
+        return most
+    if "height" in size and "width" in size:
+        return int(size["height"] * size["width"])
+    if "longest_edge" in size:  # Qwen2-VL's newer processors keep max_pixels here; Idefics3 an edge
+        edge = int(size["longest_edge"])
+        return edge if "shortest_edge" in size else edge * edge
+    return 448 * 448
+
+
 @dataclass(frozen=True)
 class PageBatch:
     tensors: dict[str, torch.Tensor]
@@ -83,6 +98,7 @@ class ColPaliAdapter(Adapter):
         directory = str(self.layout.root)
         self.processor = transformers.AutoProcessor.from_pretrained(directory)  # type: ignore[no-untyped-call]
         self.resize = resize_of(self.processor.image_processor)  # PaliGemma's fixed size; None for ColQwen2's
+        self.page_pixels = _working_pixels(self.processor.image_processor)
         model = from_pretrained_checked(model_class, self.layout.root, "page retrieval", dtype=self.dtype)
         self.model = model.to(self.device).eval()
         self.dimensions = int(self.model.config.embedding_dim)
