@@ -507,3 +507,36 @@ def test_pdf_pages_are_bounded_and_only_for_page_models(models: dict[str, Path],
     assert unreadable.status_code == 400, unreadable.text
     assert "cannot be read" in unreadable.json()["error"]["message"]
     assert health.status_code == 200
+
+
+def test_a_pdf_by_data_uri_is_encoded_and_reranked_page_by_page(
+    client: httpx.Client, models: dict[str, Path], data_dir: Path
+) -> None:
+    """The JSON routes take a PDF as a data URI (`application/pdf`) where they take images: `/v1/encode`
+    answers each page, naming its input and page; image rerank ranks each page on its own, naming
+    its document's index and its page, with the scores of the rendered pages sent as images."""
+    document = pdf_of(photo_variants(data_dir))
+    photo = data_uri(image_bytes(30, 20), "image/png")
+    pdf = data_uri(document, "application/pdf")
+    body = {"model": "colpali", "input": [photo, pdf], "modality": "image", "outputs": ["multivector"]}
+    encoded = client.post("/v1/encode", json=body)
+    assert encoded.status_code == 200, encoded.text
+    rows = encoded.json()["data"]
+    assert [(r["index"], r.get("input"), r.get("page")) for r in rows] == [
+        (0, None, None),
+        (1, 1, 1),
+        (2, 1, 2),
+        (3, 1, 3),
+    ]
+    pages = [data_uri(p, "image/png") for p in rendered_pages(models["colpali"], document)]
+    alone = client.post("/v1/encode", json={**body, "input": pages}).json()["data"]
+    for row, reference in zip(rows[1:], alone, strict=True):
+        np.testing.assert_allclose(row["multivector"], reference["multivector"], atol=1e-5)
+    query = "where are the cats?"
+    ranked = client.post("/v1/rerank/images", json={"model": "colpali", "query": query, "documents": [photo, pdf]})
+    assert ranked.status_code == 200, ranked.text
+    by_page = {(r["index"], r.get("page")): r["relevance_score"] for r in ranked.json()["results"]}
+    assert set(by_page) == {(0, None), (1, 1), (1, 2), (1, 3)}
+    each = client.post("/v1/rerank/images", json={"model": "colpali", "query": query, "documents": pages}).json()
+    for result in each["results"]:
+        assert by_page[(1, result["index"] + 1)] == pytest.approx(result["relevance_score"], abs=1e-5)

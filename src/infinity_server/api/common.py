@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 from starlette.convertors import Convertor, register_url_convertor
@@ -18,10 +18,21 @@ from infinity_server.errors import HTTPError
 from infinity_server.fetch import FetchGate, FetchPolicy, MediaFetcher, shared_media_client
 from infinity_server.schemas.common import Body
 from infinity_server.settings import ServerSettings
-from model_registry import Cancelled, Capability, InvalidInput, Media, Modality, Registry, check_span_count
+from model_registry import (
+    Cancelled,
+    Capability,
+    Content,
+    InvalidInput,
+    Media,
+    Modality,
+    Registry,
+    check_span_count,
+    is_pdf,
+)
 
 M = TypeVar("M", bound=Body)
 T = TypeVar("T")
+R = TypeVar("R")
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -205,6 +216,37 @@ async def fetched_media(
     registry_of(request).info(model)
     async with fetcher_of(request).loaded(list(values), modality) as media:
         yield media
+
+
+async def document_pages(
+    registry: Registry, model: str, contents: Sequence[Content]
+) -> tuple[list[Content], list[tuple[int, int] | None]]:
+    """The inputs with each PDF (an image input whose bytes are one) replaced by its pages, rendered
+    for the page model `model`, and where each came from: (input, page) for a page, None for an
+    input as given. The request's PDFs share `max_pdf_pages` between them."""
+    out: list[Content] = []
+    origins: list[tuple[int, int] | None] = []
+    left = registry.config.max_pdf_pages
+    for index, item in enumerate(contents):
+        if not (isinstance(item, Media) and item.modality == Modality.IMAGE and is_pdf(item.data)):
+            out.append(item)
+            origins.append(None)
+            continue
+        pages = await registry.pages(model, item.data, index, max_pages=left)
+        left -= len(pages)
+        out.extend(page.image for page in pages)
+        origins.extend((index, page.number) for page in pages)
+    return out, origins
+
+
+def paged(response: R, origins: Sequence[tuple[int, int] | None]) -> R:
+    """A list response (`data`, one entry per input) whose PDF pages' entries name their input and
+    their page number (from 1)."""
+    entries: list[dict[str, Any]] = cast(Any, response)["data"]
+    for entry, origin in zip(entries, origins, strict=True):
+        if origin is not None:
+            entry["input"], entry["page"] = origin
+    return response
 
 
 @asynccontextmanager

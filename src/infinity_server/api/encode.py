@@ -5,14 +5,15 @@
 - multivector: a list of token vectors per input, or `{data, shape, dtype}` with base64 data.
 
 Inputs are texts, or with `modality: image | audio` URLs or data URIs, so a JSON client gets
-ColPali page multi-vectors without a multipart upload.
+ColPali page multi-vectors without a multipart upload; a PDF among the images is embedded page by
+page for a page model, each page's entry naming its `input` and `page`.
 """
 
 from __future__ import annotations
 
 from starlette.requests import Request
 
-from infinity_server.api.common import engine_inputs, registry_of
+from infinity_server.api.common import document_pages, engine_inputs, paged, registry_of
 from infinity_server.encoding import column, encode_vectors, numbers_in, output_limit, sparse_entry
 from infinity_server.routing import Vectors, post
 from infinity_server.schemas.encode import EncodeRequest
@@ -46,8 +47,12 @@ def _wire_dtype(embedding_type: str) -> str:
 
 async def encode(request: Request, body: EncodeRequest) -> Vectors[EncodeResponse]:
     limit = request.app.state.settings.server.max_output_bytes
-    async with engine_inputs(request, body.model, body.modality, body.texts(), body.media_inputs) as inputs:
-        results = await registry_of(request).embed(
+    registry = registry_of(request)
+    async with engine_inputs(request, body.model, body.modality, body.texts(), body.media_inputs) as given:
+        inputs, origins = (
+            await document_pages(registry, body.model, given) if body.modality == "image" else (given, None)
+        )
+        results = await registry.embed(
             body.model,
             inputs,
             outputs=body.outputs,
@@ -58,10 +63,17 @@ async def encode(request: Request, body: EncodeRequest) -> Vectors[EncodeRespons
             priority=body.priority,
         )
     usage: Usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
-    return Vectors(
-        lambda: {"object": "list", "model": body.model, "data": encoded_outputs(body, results), "usage": usage},
-        numbers_in(results),
-    )
+
+    def answer() -> EncodeResponse:
+        response: EncodeResponse = {
+            "object": "list",
+            "model": body.model,
+            "data": encoded_outputs(body, results),
+            "usage": usage,
+        }
+        return response if origins is None else paged(response, origins)
+
+    return Vectors(answer, numbers_in(results))
 
 
 _EXAMPLE = {"model": "all-MiniLM-L6-v2", "input": ["a sentence"], "outputs": ["dense"]}

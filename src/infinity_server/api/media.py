@@ -13,12 +13,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 
-from infinity_server.api.common import fetched_media, registry_of
+from infinity_server.api.common import document_pages, fetched_media, paged, registry_of
 from infinity_server.api.openai import embedding_list
 from infinity_server.encoding import column, encode_vectors, numbers_in
 from infinity_server.errors import HTTPError
@@ -33,18 +32,20 @@ from infinity_server.schemas.responses import (
     RerankResult,
     Usage,
 )
-from model_registry import Content, InvalidInput, Media, Modality, Output, Registry, Results, Score, Text, is_pdf
+from model_registry import Content, InvalidInput, Media, Modality, Output, Results, Score, Text, is_pdf
 
 
 def _infinity_route(
     modality: Modality,
 ) -> Callable[[Request, MediaEmbeddingRequest], Awaitable[Vectors[EmbeddingResponse]]]:
     async def route(request: Request, body: MediaEmbeddingRequest) -> Vectors[EmbeddingResponse]:
+        registry = registry_of(request)
         async with fetched_media(request, body.model, body.inputs(), modality) as media:
-            results = await registry_of(request).embed(
-                body.model, media, priority=body.priority, dimensions=body.dimensions
-            )
-        return Vectors(lambda: embedding_list(body.model, results, body.encoding_format), numbers_in(results))
+            contents, origins = await document_pages(registry, body.model, media)
+            results = await registry.embed(body.model, contents, priority=body.priority, dimensions=body.dimensions)
+        return Vectors(
+            lambda: paged(embedding_list(body.model, results, body.encoding_format), origins), numbers_in(results)
+        )
 
     route.__name__ = f"embeddings_{modality.value}"
     return route
@@ -62,14 +63,6 @@ def field(form: FormData, name: str, *, required: bool = False) -> str | None:
     if not isinstance(value, str):
         raise HTTPError(422, f"the form field '{name}' must be text, not a file", code="invalid_body", param=name)
     return value
-
-
-@dataclass(frozen=True)
-class _Document:
-    """An uploaded PDF, rendered to its pages before the request is embedded."""
-
-    data: bytes
-    source: str
 
 
 def _is_document(upload: UploadFile, data: bytes) -> bool:
@@ -93,19 +86,18 @@ def _modality(upload: UploadFile, declared: str | None, index: int) -> Modality:
     )
 
 
-async def uploaded_contents(form: FormData, limit: int, declared: str | None) -> list[Content | _Document]:
-    """Files and `input` text fields, in form order; other fields are options, not inputs."""
-    contents: list[Content | _Document] = []
+async def uploaded_contents(form: FormData, limit: int, declared: str | None) -> list[Content]:
+    """Files and `input` text fields, in form order; other fields are options, not inputs. A PDF is
+    an image input until `document_pages` renders its pages."""
+    contents: list[Content] = []
     for name, value in form.multi_items():
         if isinstance(value, UploadFile):
             index = len(contents)
             data = await value.read(limit + 1)
             if len(data) > limit:
                 raise InvalidInput(f"input {index}: the file is larger than the limit of {limit:,} bytes")
-            if _is_document(value, data):
-                contents.append(_Document(data, value.filename or ""))
-                continue
-            contents.append(Media(_modality(value, declared, index), data, source=value.filename or ""))
+            modality = Modality.IMAGE if _is_document(value, data) else _modality(value, declared, index)
+            contents.append(Media(modality, data, source=value.filename or ""))
         elif name == "input":
             contents.append(Text(value))
     if not contents:
@@ -134,39 +126,11 @@ async def upload(request: Request, form: FormData) -> Vectors[EmbeddingResponse]
     output = Output(_choice(form, "output", ("dense", "multivector")))
     encoding = _choice(form, "encoding_format", ("float", "base64"))
     dimensions = number(form, "dimensions")
-    contents, origins = await _pages(registry, model, uploaded)
+    contents, origins = await document_pages(registry, model, uploaded)
     results = await registry.embed(model, contents, outputs=(output,), dimensions=dimensions)
     if output == Output.MULTIVECTOR:
-        return Vectors(lambda: _paged(_multivector_list(model, results, encoding), origins), numbers_in(results))
-    return Vectors(lambda: _paged(embedding_list(model, results, encoding), origins), numbers_in(results))
-
-
-async def _pages(
-    registry: Registry, model: str, uploaded: Sequence[Content | _Document]
-) -> tuple[list[Content], list[tuple[int, int] | None]]:
-    """The inputs with each PDF replaced by its pages, and where each came from: (input, page) for a
-    page, None for an input given as it is. The request's PDFs share `max_pdf_pages` between them."""
-    contents: list[Content] = []
-    origins: list[tuple[int, int] | None] = []
-    left = registry.config.max_pdf_pages
-    for index, item in enumerate(uploaded):
-        if not isinstance(item, _Document):
-            contents.append(item)
-            origins.append(None)
-            continue
-        pages = await registry.pages(model, item.data, index, max_pages=left)
-        left -= len(pages)
-        contents.extend(page.image for page in pages)
-        origins.extend((index, page.number) for page in pages)
-    return contents, origins
-
-
-def _paged(response: EmbeddingResponse, origins: Sequence[tuple[int, int] | None]) -> EmbeddingResponse:
-    """Each page's entry names its input and its page number (from 1)."""
-    for entry, origin in zip(response["data"], origins, strict=True):
-        if origin is not None:
-            entry["input"], entry["page"] = origin
-    return response
+        return Vectors(lambda: paged(_multivector_list(model, results, encoding), origins), numbers_in(results))
+    return Vectors(lambda: paged(embedding_list(model, results, encoding), origins), numbers_in(results))
 
 
 def number(form: FormData, name: str) -> int | None:
@@ -190,24 +154,40 @@ def _choice(form: FormData, name: str, accepted: Sequence[str]) -> str:
 
 
 def rerank_response(
-    model: str, results: Results, top_n: int | None, documents: Sequence[str] | None
+    model: str,
+    results: Results,
+    top_n: int | None,
+    documents: Sequence[str] | None,
+    origins: Sequence[tuple[int, int] | None] | None = None,
 ) -> ImageRerankResponse:
+    """Best first; a PDF document's pages are ranked each on its own, each result naming its
+    document's index and its page (`origins`, as `document_pages` gives them)."""
     scores = [r.value if isinstance(r, Score) else float("-inf") for r in results.items]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: top_n or len(scores)]
+    where = list(origins) if origins is not None else [None] * len(scores)
     ranked = []
     for i in order:
-        entry: RerankResult = {"index": i, "relevance_score": scores[i]}
+        origin = where[i]
+        document = i if origin is None else origin[0]
+        entry: RerankResult = {"index": document, "relevance_score": scores[i]}
+        if origin is not None:
+            entry["page"] = origin[1]
         if documents is not None:
-            entry["document"] = documents[i]
+            entry["document"] = documents[document]
         ranked.append(entry)
     usage: Usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
     return {"object": "rerank", "results": ranked, "model": model, "usage": usage}
 
 
 async def rerank_images(request: Request, body: MediaRerankRequest) -> ImageRerankResponse:
+    registry = registry_of(request)
     async with fetched_media(request, body.model, body.documents, Modality.IMAGE) as media:
-        results = await registry_of(request).rerank_media(body.model, body.query, media, priority=body.priority)
-    return rerank_response(body.model, results, body.top_n, body.documents if body.return_documents else None)
+        pages, origins = await document_pages(registry, body.model, media)
+        results = await registry.rerank_media(
+            body.model, body.query, [p for p in pages if isinstance(p, Media)], priority=body.priority
+        )
+    shown = body.documents if body.return_documents else None
+    return rerank_response(body.model, results, body.top_n, shown, origins)
 
 
 async def rerank_images_upload(request: Request, form: FormData) -> ImageRerankResponse:
@@ -219,9 +199,10 @@ async def rerank_images_upload(request: Request, form: FormData) -> ImageRerankR
     limit = request.app.state.settings.server.media_max_bytes
     contents = await uploaded_contents(form, limit, "image")
     media = [c for c in contents if isinstance(c, Media)]
+    pages, origins = await document_pages(registry, model, media)
     top_n = number(form, "top_n")
-    results = await registry.rerank_media(model, query, media)
-    return rerank_response(model, results, top_n, [m.source for m in media])
+    results = await registry.rerank_media(model, query, [p for p in pages if isinstance(p, Media)])
+    return rerank_response(model, results, top_n, [m.source for m in media], origins)
 
 
 _IMAGE, _AUDIO = "Image embeddings from URLs or data URIs", "Audio embeddings from URLs or data URIs"

@@ -84,7 +84,8 @@ def parse_data_uri(value: str, index: int, modality: Modality, limit: int) -> tu
     params = header.removeprefix("data:").split(";")
     mediatype, is_base64 = params[0].strip().lower(), "base64" in (p.strip().lower() for p in params[1:])
     major = mediatype.partition("/")[0]
-    if mediatype and major != modality.value and mediatype != "application/octet-stream":
+    document = modality == Modality.IMAGE and mediatype == "application/pdf"  # pages for a page model
+    if mediatype and major != modality.value and mediatype != "application/octet-stream" and not document:
         raise _bad(index, f"the data URI holds '{mediatype}', not {modality.value} data")
     if (len(payload) * 3 // 4 if is_base64 else len(payload)) > limit + 3:
         raise _bad(index, f"the data URI holds more than the limit of {limit:,} bytes")

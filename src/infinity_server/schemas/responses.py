@@ -139,6 +139,8 @@ class RerankResult(TypedDict):
     relevance_score: float | None
     index: int
     document: NotRequired[str | None]
+    #: Image rerank of a PDF document: the page this result is (from 1); `index` is the document's.
+    page: NotRequired[int]
     #: A hybrid rerank with `return_parts`: each output's score (dense, sparse, multivector).
     parts: NotRequired[dict[str, float]]
 
@@ -196,6 +198,8 @@ class Encoding(TypedDict):
     dense: NotRequired[Vector]
     sparse: NotRequired[SparseEntry]
     multivector: NotRequired[list[Vector] | MultivectorBase64 | FloatMatrix]
+    input: NotRequired[Annotated[int, Field(description="a PDF's page only: the input it came from")]]
+    page: NotRequired[Annotated[int, Field(description="a PDF's page only: its number in the document, from 1")]]
 
 
 class EncodeResponse(TypedDict):
