@@ -114,7 +114,7 @@ def test_pairs_are_classified_as_transformers_reads_text_and_text_pair(server: L
     alone = [predict(server, {"inputs": list(p)}) for p in pairs]  # one pair: one list of labels
     np.testing.assert_allclose(scores(batch), softmax(logits), atol=TOLERANCE)
     np.testing.assert_allclose(scores(raw), logits, atol=TOLERANCE)
-    np.testing.assert_allclose(scores(alone), scores(batch), atol=1e-6)
+    np.testing.assert_allclose(scores(alone), scores(batch), atol=1e-5)  # fp32: padding changes the sums
     top = predict(server, {"inputs": list(SHORT[0]), "top_k": 1})
     assert top == [max(alone[0], key=lambda r: r["score"])]
 
