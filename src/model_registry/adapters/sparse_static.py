@@ -18,7 +18,7 @@ import numpy as np
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.items import embed_item
-from model_registry.adapters.static import ENGINE, encode_ids, refused_settings
+from model_registry.adapters.static import ENGINE, encode_ids, given_ids, refused_settings
 from model_registry.detect import Layout, read_json
 from model_registry.errors import ConfigError, InputTooLong, InvalidInput, ModelUnavailable
 from model_registry.types import (
@@ -147,19 +147,8 @@ class SparseStaticAdapter(Adapter):
         return item.prompt + item.content.text
 
     def _given(self, index: int, item: EmbedItem) -> list[int]:
-        assert isinstance(item.content, TokenIds), "This is a bug: token ids expected"
         assert self.weights is not None, "This is a bug: prepare() called before load()"
-        ids = list(item.content.ids)
-        bad = next((t for t in ids if not 0 <= t < len(self.weights)), None)
-        if bad is not None:
-            raise InvalidInput(
-                f"input {index} has token id {bad}, outside the vocabulary [0, {len(self.weights)})", param="input"
-            )
-        if self.max_length is not None and len(ids) > self.max_length:
-            if not item.truncate:
-                raise InputTooLong(self._too_long(index, len(ids)), param="input")
-            ids = ids[: self.max_length]
-        return ids
+        return given_ids(index, item, len(self.weights), self.max_length, self._too_long)
 
     def _too_long(self, index: int, tokens: int) -> str:
         return (

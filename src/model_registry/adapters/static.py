@@ -20,7 +20,7 @@ A text with no token left is the zero vector, as both libraries answer it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,18 +232,7 @@ class StaticAdapter(Adapter):
 
     def _given(self, index: int, item: EmbedItem) -> list[int]:
         """Client-given token ids: the sequence as it is (no special tokens are added here either)."""
-        assert isinstance(item.content, TokenIds), "This is a bug: a text reached the token-id path"
-        ids = list(item.content.ids)
-        bad = next((t for t in ids if not 0 <= t < self._vocabulary), None)
-        if bad is not None:
-            raise InvalidInput(
-                f"input {index} has token id {bad}, outside the vocabulary [0, {self._vocabulary})", param="input"
-            )
-        if self.max_length is not None and len(ids) > self.max_length:
-            if not item.truncate:
-                raise InputTooLong(self._too_long(index, len(ids)), param="input")
-            ids = ids[: self.max_length]
-        return ids
+        return given_ids(index, item, self._vocabulary, self.max_length, self._too_long)
 
     def _too_long(self, index: int, tokens: int) -> str:
         chars = f" and its first {self._chars:,} characters (model2vec's cut)" if self._chars is not None else ""
@@ -290,6 +279,23 @@ class StaticAdapter(Adapter):
                 "max_characters": self._chars,
             }
         return {**facts, **self.layout.notes}
+
+
+def given_ids(
+    index: int, item: EmbedItem, vocabulary: int, max_length: int | None, too_long: Callable[[int, int], str]
+) -> list[int]:
+    """Input `index`'s client-given token ids, each checked against the vocabulary, cut at
+    `max_length` where the item allows truncation (else `too_long`'s message, a 400)."""
+    assert isinstance(item.content, TokenIds), "This is a bug: a text reached the token-id path"
+    ids = list(item.content.ids)
+    bad = next((t for t in ids if not 0 <= t < vocabulary), None)
+    if bad is not None:
+        raise InvalidInput(f"input {index} has token id {bad}, outside the vocabulary [0, {vocabulary})", param="input")
+    if max_length is not None and len(ids) > max_length:
+        if not item.truncate:
+            raise InputTooLong(too_long(index, len(ids)), param="input")
+        ids = ids[:max_length]
+    return ids
 
 
 def encode_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
