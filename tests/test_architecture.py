@@ -30,7 +30,8 @@ ENGINE_LAYERS: tuple[frozenset[str], ...] = tuple(
         "memory warmup worker",
         "batching admission timing heap",
         "adapters",  # the model families
-        "decoding pages similarity detect detect_rules native_ports",
+        "decoding pages similarity detect detect_rules",
+        "families native_ports",  # what each family is; transformers' ports of hub-code families
         "config",
         "backends",  # the engines
         "detect_zoo llm_rerank sources catalogue devices",

@@ -11,12 +11,15 @@ models (model2vec's layout, sentence-transformers' StaticEmbedding) by their own
 from __future__ import annotations
 
 import ast
+import importlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from model_registry import detect_rules as rules
+from model_registry import families
 from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
 from model_registry.llm_rerank import RerankPrompt
@@ -301,12 +304,8 @@ def _detect(root: Path, spec: ModelSpec, modules: Any) -> Layout:
         _refuse_unserved(root, found)
     facts = _facts(root, Path(found.get("transformer_dir", root)), modules, spec)
     claimed = rules.first(facts, "layout")
-    if claimed is not None:
-        if claimed.family == "static":
-            return static_layout(root, spec, facts, modules)
-        if claimed.family == "sparse_static":
-            return sparse_static_layout(root, spec, facts, modules)
-        return open_clip_layout(root, spec)
+    if claimed is not None:  # a family that reads its directory itself
+        return _layout_builder(claimed)(root, spec, facts, modules)
     origin = rules.origin(facts)
     transformer_dir, config = facts.transformer_dir, facts.config
     if origin.port:
@@ -410,7 +409,17 @@ def _rerank_prompt(
     return resolve(directory, model_type, architectures, tokenizer_config, spec.rerank_overrides())
 
 
-def open_clip_layout(root: Path, spec: ModelSpec) -> Layout:
+def _layout_builder(claimed: rules.Rule) -> Callable[[Path, ModelSpec, rules.Facts, Any], Layout]:
+    """The layout function of the family a layout-stage rule claims the directory for."""
+    assert claimed.family is not None, f"This is a bug: layout rule {claimed.name} claims no family"
+    target = families.by_name(claimed.family).layout
+    assert target is not None, f"This is a bug: family {claimed.family} declares no layout"
+    module, _, name = target.partition(":")
+    builder: Callable[[Path, ModelSpec, rules.Facts, Any], Layout] = getattr(importlib.import_module(module), name)
+    return builder
+
+
+def open_clip_layout(root: Path, spec: ModelSpec, facts: rules.Facts, modules: Any) -> Layout:
     """An open_clip directory: `open_clip_config.json` (model_cfg, preprocess_cfg) and its weights."""
     config = read_json(root / "open_clip_config.json")
     if not isinstance(config.get("model_cfg"), dict):
@@ -553,7 +562,7 @@ def router_layout(root: Path, spec: ModelSpec, modules: list[Any]) -> Layout:
     parameters = config.get("parameters") or {}
     default = _default_route(path, parameters, tuple(routes))
     # It reads as its route that runs an engine (the engine tables read that route's files).
-    engine = [layout for layout in routes.values() if layout.family not in rules.ENGINELESS]
+    engine = [layout for layout in routes.values() if layout.family not in families.engineless()]
     first = engine[0] if engine else routes[default] if default is not None else next(iter(routes.values()))
     return replace(
         first,

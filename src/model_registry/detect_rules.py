@@ -12,93 +12,28 @@ in each the first rule that matches decides:
 - `kind`: the kind, when the entry leaves `kind: auto` (a directory no rule claims is dense);
 - `family`: the adapter of a layout served unlike its kind's default.
 
+The rules here are the ones no family owns (code, refusals of what no family serves, the media
+kinds read from every family's declared types); each family declares its own
+(`model_registry.families`), and `all_rules` merges them by stage and `order`.
+
 `docs/text-zoo.md` lists every rule by name; `tests/unit/test_detect_rules.py` has a directory
 that each rule matches and one it must not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal
 
-from model_registry.detect_zoo import (
-    is_causal_lm,
-    is_pylate,
-    label_count,
-    offline_code,
-    remote_classes,
-    reranker_chat_template,
-    untrusted_code,
-)
+from model_registry import families
+from model_registry.detect_zoo import is_causal_lm, offline_code, untrusted_code
 from model_registry.errors import ModelUnavailable
-from model_registry.native_ports import is_jina_lora, jina_port, native_port, port_name, unapplied_adapters
+from model_registry.families import STAGES, Facts, Rule, Stage
+from model_registry.native_ports import native_port, port_name
 from model_registry.types import Kind
 
-Stage = Literal["layout", "code", "kind", "family"]
-#: The families computed on numpy and tokenizers alone, by no engine (no torch, no transformers).
-ENGINELESS = frozenset({"static", "sparse_static"})
-STAGES: tuple[Stage, ...] = ("layout", "code", "kind", "family")
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the rules read: a directory's files, and the entry's settings that bear on them."""
-
-    root: Path
-    transformer_dir: Path
-    config: dict[str, Any]
-    #: modules.json's module types, in order (empty without sentence-transformers modules).
-    module_types: tuple[str, ...] = ()
-    trusted: bool = False
-    #: The LLM reranker keys (`template`, ...) the entry sets.
-    rerank_keys: tuple[str, ...] = ()
-    #: The configured kind, or the detected one once the kind stage has run.
-    kind: Kind | None = None
-
-    @property
-    def model_type(self) -> str:
-        return str(self.config.get("model_type", ""))
-
-    @property
-    def architectures(self) -> tuple[str, ...]:
-        return tuple(str(a) for a in self.config.get("architectures") or ())
-
-    @property
-    def modules(self) -> tuple[str, ...]:
-        """The modules' class names (`Transformer`, `Pooling`, `Dense`, ...)."""
-        return tuple(t.rsplit(".", 1)[-1] for t in self.module_types)
-
-    def has(self, name: str, *, inside: bool = False) -> bool:
-        return ((self.transformer_dir if inside else self.root) / name).is_file()
-
-    def remote_classes(self) -> list[str]:
-        return remote_classes(self.config, self.module_types)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """`when` the files say so, the rule decides: `kind` (a kind, or how to read it from the
-    files), `family`, `remote` (code stage: whether the checkpoint's own code runs, with the
-    `note` `/models` shows), or `refusal` (the message of the start-up error)."""
-
-    name: str
-    stage: Stage
-    when: Callable[[Facts], bool]
-    #: What follows, as `docs/text-zoo.md` says it.
-    says: str
-    kind: Kind | Callable[[Facts], Kind] | None = None
-    family: str | None = None
-    remote: bool | None = None
-    #: Code stage: transformers' native port runs the model (`native_ports`).
-    port: bool = False
-    note: Callable[[Facts], str] | None = None
-    refusal: Callable[[Facts], str] | None = None
-
-    def kind_of(self, facts: Facts) -> Kind:
-        assert self.kind is not None, f"This is a bug: rule {self.name} decides no kind"
-        return self.kind if isinstance(self.kind, Kind) else self.kind(facts)
+__all__ = ["STAGES", "Facts", "Origin", "Rule", "Stage", "all_rules", "family", "first", "kind", "origin"]
 
 
 @dataclass(frozen=True)
@@ -110,30 +45,23 @@ class Origin:
     port: bool = False
 
 
-_MEDIA_TYPES = {
-    "clip": Kind.IMAGE_TEXT,
-    "siglip": Kind.IMAGE_TEXT,
-    "siglip2": Kind.IMAGE_TEXT,
-    "clap": Kind.AUDIO_TEXT,
-    "colpali": Kind.PAGE_TEXT,
-    "colqwen2": Kind.PAGE_TEXT,
-    "colmodernvbert": Kind.PAGE_TEXT,
-}
-_MEDIA_ARCHITECTURES = {
-    "CLIPModel": Kind.IMAGE_TEXT,
-    "SiglipModel": Kind.IMAGE_TEXT,
-    "Siglip2Model": Kind.IMAGE_TEXT,
-    "ClapModel": Kind.AUDIO_TEXT,
-    "ColPaliForRetrieval": Kind.PAGE_TEXT,
-    "ColQwen2ForRetrieval": Kind.PAGE_TEXT,
-    "ColModernVBertForRetrieval": Kind.PAGE_TEXT,
-}
+def _media_kinds() -> dict[str, Kind]:
+    """`model_type`s and architectures -> the media kind of the family that declares them."""
+    found: dict[str, Kind] = {}
+    for declared in families.declared():
+        if declared.kind is not None:
+            found |= dict.fromkeys(declared.model_types | declared.architectures, declared.kind)
+    return found
+
+
+def _media(facts: Facts) -> bool:
+    kinds = _media_kinds()
+    return facts.model_type in kinds or any(a in kinds for a in facts.architectures)
 
 
 def _vision_language(facts: Facts) -> bool:
     """A model with a vision tower that no media family here serves (Qwen3-VL, Qwen2.5-VL, ...)."""
-    served = facts.model_type in _MEDIA_TYPES or any(a in _MEDIA_ARCHITECTURES for a in facts.architectures)
-    return not served and isinstance(facts.config.get("vision_config"), dict)
+    return not _media(facts) and isinstance(facts.config.get("vision_config"), dict)
 
 
 def _vision_language_message(facts: Facts) -> str:
@@ -144,10 +72,6 @@ def _vision_language_message(facts: Facts) -> str:
         "reference code (such as the Qwen3-VL-Embedding and -Reranker repositories') or vLLM's pooling runner "
         "serves it. The image-text families served here are CLIP, SigLIP, SigLIP 2, CLAP, ColPali and ColQwen2"
     )
-
-
-def _sequence_classification(facts: Facts) -> bool:
-    return any(a.endswith("ForSequenceClassification") for a in facts.architectures)
 
 
 def _no_pooling(facts: Facts) -> bool:
@@ -192,32 +116,6 @@ def _port_note(facts: Facts) -> str:
     return f"transformers' native {port_name(facts.model_type)} port{unused}"
 
 
-def _jina_hf_adapters(facts: Facts) -> bool:
-    return facts.model_type == "jina_embeddings_v3" and bool(unapplied_adapters(facts.transformer_dir))
-
-
-def _jina_hf_message(facts: Facts) -> str:
-    return (
-        f"{facts.root} is a jina-embeddings-v3 conversion (model_type jina_embeddings_v3) with task adapters "
-        f"({'; '.join(unapplied_adapters(facts.transformer_dir))}) that transformers' jina_embeddings_v3 port does "
-        "not apply: its vectors would be the base model's, no task's. Serve the published layout "
-        "(jinaai/jina-embeddings-v3, XLMRobertaLoRA), whose adapters this server applies per request, or a "
-        "directory without the adapters to serve the base weights"
-    )
-
-
-def _jina_lora(facts: Facts) -> bool:
-    return is_jina_lora(facts.config) and jina_port() is not None
-
-
-def _jina_kind_message(facts: Facts) -> str:
-    kind = facts.kind.value if facts.kind else "auto"
-    return (
-        f"{facts.root} holds jina-embeddings-v3 (XLM-R with LoRA task adapters), an embedder: it is served as kind "
-        f"dense only, not {kind}"
-    )
-
-
 def _causal_lm_message(facts: Facts) -> str:
     return (
         f"{facts.root} holds a causal language model ({', '.join(facts.architectures)}) with no sentence-transformers "
@@ -235,111 +133,21 @@ def _masked_lm_message(facts: Facts) -> str:
     )
 
 
-def _llm_reranker(facts: Facts) -> bool:
-    return facts.kind == Kind.RERANKER and is_causal_lm(facts.architectures)
-
-
-def _rerank_keys_message(facts: Facts) -> str:
-    kind = facts.kind.value if facts.kind else "auto"
-    return (
-        f"{', '.join(sorted(facts.rerank_keys))} apply to LLM rerankers (a causal LM with kind: reranker); this "
-        f"model is a {kind} model ({', '.join(facts.architectures) or facts.model_type})"
-    )
-
-
-def _sentence_transformers_static(facts: Facts) -> bool:
-    """modules.json names sentence-transformers' StaticEmbedding (under any of its releases' paths)."""
-    return any(t.startswith("sentence_transformers.") and t.endswith(".StaticEmbedding") for t in facts.module_types)
-
-
-def _static(facts: Facts) -> bool:
-    return facts.model_type == "model2vec" or _sentence_transformers_static(facts)
-
-
-def _static_kind_message(facts: Facts) -> str:
-    kind = facts.kind.value if facts.kind else "auto"
-    return (
-        f"{facts.root} holds a static embedding model (a table of token vectors, averaged): it is served as kind "
-        f"dense only, not {kind}"
-    )
-
-
-def _sparse_static(facts: Facts) -> bool:
-    """modules.json (or a Router's route) names sentence-transformers' SparseStaticEmbedding."""
-    return any(
-        t.startswith("sentence_transformers.") and t.endswith(".SparseStaticEmbedding") for t in facts.module_types
-    )
-
-
-def _sparse_static_kind_message(facts: Facts) -> str:
-    kind = facts.kind.value if facts.kind else "auto"
-    return (
-        f"{facts.root} holds a SparseStaticEmbedding module (a weight per token, such as an IDF table): it is served "
-        f"as kind sparse only, not {kind}"
-    )
-
-
 def _media_kind(facts: Facts) -> Kind:
-    found = [_MEDIA_ARCHITECTURES[a] for a in facts.architectures if a in _MEDIA_ARCHITECTURES]
-    return found[0] if found else _MEDIA_TYPES[facts.model_type]
+    kinds = _media_kinds()
+    found = [kinds[a] for a in facts.architectures if a in kinds]
+    return found[0] if found else kinds[facts.model_type]
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(
-        "open-clip",
-        "layout",
-        lambda f: not f.has("config.json", inside=True) and f.has("open_clip_config.json"),
-        "an open_clip checkpoint: kind `image_text`, served by `adapters/open_clip.py`",
-        kind=Kind.IMAGE_TEXT,
-        family="open_clip",
-    ),
-    Rule(
-        "static-not-dense",
-        "layout",
-        lambda f: _static(f) and f.kind not in (None, Kind.DENSE),
-        "refused: a static embedding model with a kind other than `dense`",
-        refusal=_static_kind_message,
-    ),
-    Rule(
-        "model2vec",
-        "layout",
-        lambda f: f.model_type == "model2vec",
-        "a model2vec static model (config.json's `model_type: model2vec`): kind `dense`, computed as model2vec's "
-        "`StaticModel.encode` on numpy, no engine (`adapters/static.py`)",
-        kind=Kind.DENSE,
-        family="static",
-    ),
-    Rule(
-        "static-embedding",
-        "layout",
-        _sentence_transformers_static,
-        "sentence-transformers' StaticEmbedding module: kind `dense`, computed as `SentenceTransformer.encode` on "
-        "numpy, no engine (`adapters/static.py`)",
-        kind=Kind.DENSE,
-        family="static",
-    ),
-    Rule(
-        "sparse-static-not-sparse",
-        "layout",
-        lambda f: _sparse_static(f) and f.kind not in (None, Kind.SPARSE),
-        "refused: a SparseStaticEmbedding module with a kind other than `sparse`",
-        refusal=_sparse_static_kind_message,
-    ),
-    Rule(
-        "sparse-static",
-        "layout",
-        _sparse_static,
-        "sentence-transformers' SparseStaticEmbedding module (the query side of an inference-free sparse model): "
-        "kind `sparse`, each token's weight from its table on numpy, no engine (`adapters/sparse_static.py`)",
-        kind=Kind.SPARSE,
-        family="sparse_static",
-    ),
+#: The rules no family owns (each family declares its own: `model_registry.families`).
+GENERAL: tuple[Rule, ...] = (
     Rule(
         "no-config",
         "layout",
         lambda f: not f.config and f.kind != Kind.FAKE,
         "refused: not a transformers model directory",
         refusal=lambda f: f"no config.json in {f.transformer_dir}: not a transformers model directory",
+        order=80,
     ),
     Rule(
         "vision-language",
@@ -347,13 +155,7 @@ RULES: tuple[Rule, ...] = (
         _vision_language,
         "refused: a vision-language model (a `vision_config`) of no family served here, whatever its `kind:`",
         refusal=_vision_language_message,
-    ),
-    Rule(
-        "jina-hf-adapters",
-        "code",
-        _jina_hf_adapters,
-        "refused: a jina_embeddings_v3 conversion carrying task adapters its port does not apply",
-        refusal=_jina_hf_message,
+        order=90,
     ),
     Rule(
         "native-port",
@@ -364,19 +166,7 @@ RULES: tuple[Rule, ...] = (
         remote=False,
         port=True,
         note=_port_note,
-    ),
-    Rule(
-        "jina-lora-port",
-        "code",
-        _jina_lora,
-        "transformers' jina_embeddings_v3 port runs jina-embeddings-v3 as published (XLMRobertaLoRA), without "
-        "`trust_remote_code`, its LoRA task adapters applied per request",
-        remote=False,
-        port=True,
-        note=lambda f: (
-            "transformers' native jina_embeddings_v3 port with the checkpoint's LoRA task adapters "
-            "(the checkpoint's hub code is not run)"
-        ),
+        order=20,
     ),
     Rule(
         "custom-module",
@@ -387,6 +177,7 @@ RULES: tuple[Rule, ...] = (
             f"modules.json names {', '.join(_custom_modules(f))}: this server runs sentence-transformers' own "
             "Pooling, Dense and Normalize modules, not a checkpoint's own"
         ),
+        order=50,
     ),
     Rule(
         "remote-code-untrusted",
@@ -395,6 +186,7 @@ RULES: tuple[Rule, ...] = (
         "refused unless `trust_remote_code: true`: `auto_map` or a modules.json module names code outside the "
         "libraries",
         refusal=lambda f: _untrusted(f) or "",
+        order=60,
     ),
     Rule(
         "remote-code-offline",
@@ -402,6 +194,7 @@ RULES: tuple[Rule, ...] = (
         lambda f: _offline(f) is not None,
         "refused: trusted code that is neither here nor in the local hub cache while HF_HUB_OFFLINE is set",
         refusal=lambda f: _offline(f) or "",
+        order=70,
     ),
     Rule(
         "remote-code",
@@ -410,63 +203,16 @@ RULES: tuple[Rule, ...] = (
         "the checkpoint's own code runs (`trust_remote_code: true`)",
         remote=True,
         note=lambda f: f"the checkpoint's own code ({', '.join(f.remote_classes()[:3])}), trust_remote_code: true",
-    ),
-    Rule(
-        "bge-m3",
-        "kind",
-        lambda f: f.has("colbert_linear.pt") and f.has("sparse_linear.pt"),
-        "kind `multi_output` (FlagEmbedding's `colbert_linear.pt` and `sparse_linear.pt`)",
-        kind=Kind.MULTI_OUTPUT,
-    ),
-    Rule(
-        "colbert-ai",
-        "kind",
-        lambda f: f.has("artifact.metadata"),
-        "kind `multivector` (colbert-ai's `artifact.metadata`)",
-        kind=Kind.MULTIVECTOR,
-    ),
-    Rule(
-        "pylate",
-        "kind",
-        lambda f: is_pylate(f.root, f.modules),
-        "kind `multivector` (Transformer + Dense, no Pooling, ColBERT lengths or prefixes)",
-        kind=Kind.MULTIVECTOR,
-    ),
-    Rule(
-        "splade",
-        "kind",
-        lambda f: "SpladePooling" in f.modules or "MLMTransformer" in f.modules,
-        "kind `sparse` (sentence-transformers' SparseEncoder modules)",
-        kind=Kind.SPARSE,
-    ),
-    Rule(
-        "cross-encoder",
-        "kind",
-        lambda f: _sequence_classification(f) and label_count(f.config) == 1,
-        "kind `reranker` (`*ForSequenceClassification` with one label)",
-        kind=Kind.RERANKER,
-    ),
-    Rule(
-        "classifier",
-        "kind",
-        _sequence_classification,
-        "kind `classifier` (`*ForSequenceClassification` with several labels)",
-        kind=Kind.CLASSIFIER,
-    ),
-    Rule(
-        "llm-reranker-template",
-        "kind",
-        lambda f: is_causal_lm(f.architectures) and reranker_chat_template(f.root),
-        "kind `reranker` (a causal LM whose chat template renders the `query` and `document` roles)",
-        kind=Kind.RERANKER,
+        order=80,
     ),
     Rule(
         "media",
         "kind",
-        lambda f: f.model_type in _MEDIA_TYPES or any(a in _MEDIA_ARCHITECTURES for a in f.architectures),
+        _media,
         "the media kind of its architecture: CLIP, SigLIP, SigLIP 2 `image_text`; CLAP `audio_text`; "
         "ColPali, ColQwen2, ColModernVBert `page_text`",
         kind=_media_kind,
+        order=60,
     ),
     Rule(
         "causal-lm-without-pooling",
@@ -474,6 +220,7 @@ RULES: tuple[Rule, ...] = (
         lambda f: is_causal_lm(f.architectures) and _no_pooling(f),
         "refused: a causal LM is not an embedder unless its sentence-transformers modules or `kind:` say so",
         refusal=_causal_lm_message,
+        order=80,
     ),
     Rule(
         "seq2seq-without-pooling",
@@ -482,6 +229,7 @@ RULES: tuple[Rule, ...] = (
         "refused: a text-generating encoder-decoder (T5) is not an embedder unless its sentence-transformers "
         "modules or `kind:` say so",
         refusal=_seq2seq_message,
+        order=81,
     ),
     Rule(
         "bare-masked-lm",
@@ -489,49 +237,25 @@ RULES: tuple[Rule, ...] = (
         lambda f: _masked_lm_only(f) and _no_pooling(f),
         "refused: a bare `*ForMaskedLM` may be SPLADE or a plain encoder; `kind:` says which",
         refusal=_masked_lm_message,
-    ),
-    Rule("dense", "kind", lambda f: True, "kind `dense`", kind=Kind.DENSE),
-    Rule(
-        "rerank-keys-elsewhere",
-        "family",
-        lambda f: bool(f.rerank_keys) and not _llm_reranker(f),
-        "refused: `template`, `true_token`, `false_token` or `instruction` on a model that is not an LLM reranker",
-        refusal=_rerank_keys_message,
-    ),
-    Rule(
-        "jina-lora-not-dense",
-        "family",
-        lambda f: _jina_lora(f) and f.kind != Kind.DENSE,
-        "refused: jina-embeddings-v3 with a kind other than `dense`",
-        refusal=_jina_kind_message,
-    ),
-    Rule(
-        "jina-lora",
-        "family",
-        _jina_lora,
-        "jina-embeddings-v3's task adapters, chosen per request (`adapters/jina_lora.py`)",
-        family="jina_lora",
-    ),
-    Rule(
-        "siglip2-naflex",
-        "family",
-        lambda f: f.model_type == "siglip2",
-        "SigLIP 2 NaFlex, served by `adapters/naflex.py`",
-        family="naflex",
-    ),
-    Rule(
-        "llm-reranker",
-        "family",
-        _llm_reranker,
-        "a causal LM with kind `reranker`: scored by its yes/no logits (`adapters/llm_reranker.py`)",
-        family="llm_reranker",
+        order=82,
     ),
 )
 
 
-def first(facts: Facts, stage: Stage, rules: Sequence[Rule] = RULES) -> Rule | None:
+@functools.cache
+def _ordered(declared: tuple[families.Family, ...]) -> tuple[Rule, ...]:
+    merged = [*GENERAL, *(rule for family in declared for rule in family.rules)]
+    return tuple(sorted(merged, key=lambda rule: (STAGES.index(rule.stage), rule.order)))
+
+
+def all_rules() -> tuple[Rule, ...]:
+    """Every rule, the general ones and every family's, in the order they are tried."""
+    return _ordered(families.declared())
+
+
+def first(facts: Facts, stage: Stage, rules: Sequence[Rule] | None = None) -> Rule | None:
     """The first rule of `stage` that matches; a refusal raises its message."""
-    for rule in rules:
+    for rule in all_rules() if rules is None else rules:
         if rule.stage == stage and rule.when(facts):
             if rule.refusal is not None:
                 raise ModelUnavailable(rule.refusal(facts))

@@ -1,4 +1,4 @@
-"""Adapters, one model family per module, chosen by the model's kind.
+"""Adapters, one model family per module, chosen by the family each declares (`families`).
 
 Modules that import torch are imported only when a model of their kind is created.
 """
@@ -10,48 +10,17 @@ import importlib.util
 import threading
 from typing import TYPE_CHECKING, Any
 
+from model_registry import families
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import ModelSpec
-from model_registry.detect_rules import ENGINELESS
 from model_registry.errors import ModelUnavailable
-from model_registry.types import Capability, Kind
+from model_registry.families import capabilities_of_kind
+from model_registry.types import Kind
 
 if TYPE_CHECKING:
     from model_registry.detect import Layout
 
 __all__ = ["Adapter", "LoadOptions", "capabilities_of_kind", "create_adapter", "detect_kind"]
-
-#: kind -> "module:class"; each class takes (layout, trust_remote_code).
-FACTORIES: dict[Kind, str] = {
-    Kind.DENSE: "model_registry.adapters.dense:DenseAdapter",
-    Kind.RERANKER: "model_registry.adapters.sequence:RerankerAdapter",
-    Kind.CLASSIFIER: "model_registry.adapters.sequence:ClassifierAdapter",
-    Kind.SPARSE: "model_registry.adapters.splade:SpladeAdapter",
-    Kind.MULTIVECTOR: "model_registry.adapters.colbert:ColbertAdapter",
-    Kind.MULTI_OUTPUT: "model_registry.adapters.bge_m3:BgeM3Adapter",
-    Kind.IMAGE_TEXT: "model_registry.adapters.clip:ClipAdapter",
-    Kind.AUDIO_TEXT: "model_registry.adapters.clap:ClapAdapter",
-    Kind.PAGE_TEXT: "model_registry.adapters.colpali:ColPaliAdapter",
-}
-
-_TEXT, _IMAGE, _AUDIO = Capability.EMBED_TEXT, Capability.EMBED_IMAGE, Capability.EMBED_AUDIO
-#: kind -> what its adapter can do (each adapter class declares the same set), known before loading.
-CAPABILITIES: dict[Kind, frozenset[Capability]] = {
-    Kind.DENSE: frozenset({_TEXT}),
-    Kind.RERANKER: frozenset({Capability.RERANK}),
-    Kind.CLASSIFIER: frozenset({Capability.CLASSIFY}),
-    Kind.SPARSE: frozenset({Capability.SPARSE}),
-    Kind.MULTIVECTOR: frozenset({Capability.MULTIVECTOR}),
-    Kind.MULTI_OUTPUT: frozenset({_TEXT, Capability.SPARSE, Capability.MULTIVECTOR}),
-    Kind.IMAGE_TEXT: frozenset({_TEXT, _IMAGE}),
-    Kind.AUDIO_TEXT: frozenset({_TEXT, _AUDIO}),
-    Kind.PAGE_TEXT: frozenset({_TEXT, _IMAGE, Capability.MULTIVECTOR}),
-    Kind.FAKE: frozenset({_TEXT}),
-}
-
-
-def capabilities_of_kind(kind: Kind) -> frozenset[Capability]:
-    return CAPABILITIES.get(kind, frozenset())
 
 
 def detect_kind(spec: ModelSpec) -> Kind:
@@ -72,20 +41,6 @@ def detect_kind(spec: ModelSpec) -> Kind:
             raise ModelUnavailable(f"'{source}' is not downloaded yet")
         source = str(cached)
     return detect(resolve_source(source, revision=spec.revision), spec).kind
-
-
-#: Families served by another adapter than their kind's default (`detect_rules`' family stage).
-FAMILY_FACTORIES: dict[str, str] = {
-    "open_clip": "model_registry.adapters.open_clip:OpenClipAdapter",
-    "naflex": "model_registry.adapters.naflex:NaflexAdapter",
-    "llm_reranker": "model_registry.adapters.llm_reranker:LlmRerankerAdapter",
-    "jina_lora": "model_registry.adapters.jina_lora:JinaLoraAdapter",
-    "static": "model_registry.adapters.static:StaticAdapter",
-    "sparse_static": "model_registry.adapters.sparse_static:SparseStaticAdapter",
-    "router": "model_registry.adapters.router:RouterAdapter",
-}
-#: Families whose adapters run on numpy and tokenizers alone: no torch, no transformers imported.
-LIGHT_FAMILIES = ENGINELESS
 
 
 #: Held while a load imports its adapter and, the first time, transformers' model code: transformers'
@@ -127,14 +82,14 @@ def create_adapter(spec: ModelSpec) -> Adapter:
     if spec.kind == Kind.FAKE:
         from model_registry.adapters.fake import FakeAdapter
 
-        return FakeAdapter(spec.options)
+        return FakeAdapter(spec.options)  # no files to detect
     from model_registry.backends.fp8 import check_kind
     from model_registry.detect import detect
     from model_registry.sources import resolve_source
 
     layout = detect(resolve_source(spec.source, revision=spec.revision), spec)
-    if layout.kind not in FACTORIES:
-        served = ", ".join(sorted(k.value for k in FACTORIES))
+    if families.default_of(layout.kind) is None and layout.family is None:
+        served = ", ".join(sorted(f.kind.value for f in families.declared() if f.default and f.kind))
         raise ModelUnavailable(f"models of kind '{layout.kind.value}' are not supported yet; supported: {served}")
     if spec.quantize == "fp8":  # media adapters never see the engine choice that checks it for text
         try:
@@ -146,11 +101,11 @@ def create_adapter(spec: ModelSpec) -> Adapter:
 
 def adapter_for(layout: Layout) -> Adapter:
     """The adapter of a detected layout (a Router's routes each get theirs), weights not loaded."""
-    target = FAMILY_FACTORIES[layout.family] if layout.family else FACTORIES[layout.kind]
+    family = families.by_name(layout.family) if layout.family else families.default_of(layout.kind)
+    assert family is not None, f"This is a bug: no family serves kind {layout.kind.value}"
+    engineless = families.engineless()
     # A Router is as light as its routes: its own module imports nothing heavy.
-    light = layout.family in LIGHT_FAMILIES or (
-        layout.family == "router" and all(r.family in LIGHT_FAMILIES for r in layout.routes.values())
-    )
+    light = family.engineless or (bool(layout.routes) and all(r.family in engineless for r in layout.routes.values()))
     # Only a checkpoint whose own code is needed runs it; a native port runs transformers' code.
-    adapter: Adapter = _import(target, light=light)(layout, layout.remote_code)
+    adapter: Adapter = _import(family.adapter, light=light)(layout, layout.remote_code)
     return adapter

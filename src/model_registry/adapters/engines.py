@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from model_registry import families
 from model_registry.adapters.base import LoadOptions
 from model_registry.backends.choice import Choice, choices
 from model_registry.config import ModelSpec
@@ -54,13 +55,13 @@ def check_engines(specs: Iterable[ModelSpec]) -> None:
             layout = detect(resolve_source(spec.source, revision=spec.revision), spec)
         except RegistryError:
             continue
-        if layout.family == "static":  # its files came with the download above
+        if layout.family in families.engineless():  # its files came with the download above
             raise ConfigError(f"model '{spec.name}': {refused}")
         engine_for(spec.name, spec, layout, cuda=spec.device.startswith("cuda"))
 
 
 def _static(spec: ModelSpec) -> bool:
-    """Whether the model's files are a static embedding model's, read where they are on this machine
+    """Whether the model's files are an engineless family's (static embeddings), read where they are on this machine
     already (no download, and no more of them than the detection rules' layout stage reads)."""
     from model_registry import detect_rules
     from model_registry.detect import read_facts
@@ -76,4 +77,4 @@ def _static(spec: ModelSpec) -> bool:
         claimed = None if root is None else detect_rules.first(read_facts(root, spec), "layout")
     except (RegistryError, OSError, ValueError):  # unreadable files are the load's to report
         return False
-    return claimed is not None and claimed.family == "static"
+    return claimed is not None and claimed.family in families.engineless()
