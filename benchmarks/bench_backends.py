@@ -178,7 +178,7 @@ def quality(engine: dict[str, Any], reference: Any, device: str) -> dict[str, fl
 def sentence_transformers(work: dict[str, list[list[str]]], device: str) -> dict[str, float]:
     from sentence_transformers import SentenceTransformer
 
-    from model_registry.sources import resolve_source
+    from model_registry.zoo.sources import resolve_source
 
     model = SentenceTransformer(str(resolve_source(SOURCE)), device=device)
     if device == "cuda":
@@ -232,7 +232,7 @@ def main() -> None:
     if args.quality_only:
         from sentence_transformers import SentenceTransformer
 
-        from model_registry.sources import resolve_source
+        from model_registry.zoo.sources import resolve_source
 
         reference = SentenceTransformer(str(resolve_source(SOURCE)), device="cpu")
         for name in engines:

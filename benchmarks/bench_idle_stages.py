@@ -43,7 +43,7 @@ async def probe(engine: str, probes: int, gap: float) -> dict[str, float]:
     from infinity_server.app import create_app
     from infinity_server.settings import ServerSettings, Settings
     from model_registry.config import registry_config
-    from model_registry.timing import StageTimes
+    from model_registry.runtime.timing import StageTimes
 
     settings = Settings(ServerSettings(access_log=False), registry_config({"models": [model_entry(engine)]}))
     app = create_app(settings)

@@ -145,15 +145,15 @@ def batch(rows: int, low: int, high: int, left: bool, seed: int = 0, task: int |
 
 def load(engine: str, directory: Path, work: Path) -> Engine:
     from model_registry.backends.base import LORA_FILE
-    from model_registry.backends.onnx import OnnxEngine
-    from model_registry.backends.torch import TorchEngine
+    from model_registry.backends.onnx.engine import OnnxEngine
+    from model_registry.backends.torch.engine import TorchEngine
 
     loaded: Engine = TorchEngine() if engine == "torch" else OnnxEngine()
     quantize = "int8" if engine == "onnx-int8" else "none"
     started = time.monotonic()
     loaded.load(directory, EngineOptions(device="cpu", quantize=quantize, cache_dir=str(work / "cache")))
     if isinstance(loaded, TorchEngine) and (directory / LORA_FILE).is_file():
-        from model_registry.backends import lora
+        from model_registry.backends.torch import lora
 
         tasks, rank, alpha = lora.settings(loaded.model.config.to_dict())
         factors = lora.read_factors(directory / LORA_FILE)

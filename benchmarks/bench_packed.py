@@ -25,7 +25,7 @@ import torch
 from lib import shapes
 from lib.machine import record_device
 from model_registry.backends.base import EncoderBatch, EngineOptions
-from model_registry.backends.torch import TorchEngine
+from model_registry.backends.torch.engine import TorchEngine
 
 
 def minilm() -> Path:

@@ -91,7 +91,7 @@ def document(pages: int) -> bytes:
 
 
 def rendered(data: bytes, pixels: int) -> list[bytes]:
-    """The pages as the server renders them (`model_registry.pages`), as PNG files."""
+    """The pages as the server renders them (`model_registry.media.pages`), as PNG files."""
     import pypdfium2
 
     out = []

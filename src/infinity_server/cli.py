@@ -79,8 +79,8 @@ async def _serve(args: argparse.Namespace) -> None:
 def _models(args: argparse.Namespace) -> None:
     """One line per configured model (`catalogue=` the record its source matched), or per record."""
     from infinity_server.settings import load_settings
-    from model_registry.backends.choice import catalogue_listing
-    from model_registry.catalogue import match
+    from model_registry import catalogue_listing
+    from model_registry import catalogue_match as match
     from model_registry.types import Kind
 
     if args.catalogue:

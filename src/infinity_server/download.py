@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from model_registry import find_in_cache, resolve_source
 from model_registry.config import ModelSpec
 from model_registry.errors import ConfigError, ModelUnavailable
-from model_registry.sources import find_in_cache, resolve_source
 
 
 class Outcome(enum.Enum):

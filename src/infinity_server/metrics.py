@@ -14,12 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model_registry import Registry
-from model_registry.admission import arrival
-from model_registry.handles import EventKind, LifecycleEvent
-from model_registry.result_cache import Lookup
-from model_registry.timing import StageTimes
-from model_registry.worker import BatchStats
+from model_registry import BatchStats, EventKind, LifecycleEvent, Registry, StageTimes
+from model_registry import CacheLookup as Lookup
+from model_registry import request_arrival as arrival
 
 _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 _STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -26,8 +26,7 @@ from infinity_server.logs import REQUEST_ID
 from infinity_server.metrics import Metrics, stage_seconds
 from infinity_server.routing import operation_in
 from infinity_server.tracing import Tracing
-from model_registry import result_cache
-from model_registry.timing import StageTimes, recording
+from model_registry import CacheLookup, StageTimes, cache_outcome, record_cache_lookups, record_stages
 
 access = logging.getLogger("infinity_server.access")
 
@@ -63,7 +62,7 @@ class _Counted:
     """A request's stage times and cache lookups, each counted in the metrics once: those finished
     when the answer starts, then any finished later (a streamed body, a failure before any answer)."""
 
-    def __init__(self, metrics: Metrics, stages: list[StageTimes], lookups: list[result_cache.Lookup]) -> None:
+    def __init__(self, metrics: Metrics, stages: list[StageTimes], lookups: list[CacheLookup]) -> None:
         self.metrics, self.stages, self.lookups = metrics, stages, lookups
         self.stages_done = self.lookups_done = 0
 
@@ -90,7 +89,7 @@ class RequestContext:
         span = self.tracing.start(scope, wall) if self.tracing else None
         status = 500
 
-        with recording() as stages, result_cache.recording() as lookups:
+        with record_stages() as stages, record_cache_lookups() as lookups:
             counted = _Counted(self.metrics, stages, lookups)
 
             async def sending(message: Message) -> None:
@@ -102,7 +101,7 @@ class RequestContext:
                     headers["x-request-id"] = rid
                     for name, value in timing_headers(stages, time.perf_counter() - started).items():
                         headers[name] = value
-                    if (cached := result_cache.outcome(lookups)) is not None:
+                    if (cached := cache_outcome(lookups)) is not None:
                         headers["x-cache"] = cached
                     parent = self.tracing.traceparent(span) if self.tracing is not None else None
                     if parent is not None:

@@ -2,7 +2,7 @@
 
 Each request gets a SERVER span that continues the caller's W3C `traceparent` (a new trace
 without one); under it, per model run, the spans `prepare`, `queue`, and per batch `forward`
-and `postprocess`, placed with the engine's own timestamps (`model_registry.timing`), so the
+and `postprocess`, placed with the engine's own timestamps (`model_registry.runtime.timing`), so the
 engine needs no OpenTelemetry at all. The response carries the server span's `traceparent`.
 
 `server.tracing: true` sends spans to the global tracer provider, which `setup_provider` builds
@@ -17,8 +17,8 @@ from typing import Any
 
 from starlette.types import Scope
 
+from model_registry import StageTimes
 from model_registry.errors import ConfigError
-from model_registry.timing import StageTimes
 
 log = logging.getLogger(__name__)
 

@@ -60,8 +60,8 @@ class ModelSpec(_Frozen):
     source: str = Field(min_length=1)
     kind: Kind | Literal["auto"] = "auto"
     #: The engine; `auto` takes the fastest one measured for the model's family, device and CPU
-    #: kind that is installed, else torch (`backends.choice.FASTEST`; `/models` says which and why).
-    backend: Literal["torch", "onnx", "ctranslate2", "auto"] = "auto"
+    #: kind that is installed, else torch (`backends.choice.fastest_table`; `/models` says which and why).
+    backend: str = "auto"
     #: int8 on ONNX Runtime and CTranslate2; fp8 on torch, on a GPU of compute capability 8.9 and up.
     quantize: Literal["none", "int8", "fp8"] = "none"
     device: str = "auto"
@@ -103,7 +103,7 @@ class ModelSpec(_Frozen):
     @classmethod
     def _catalogue(cls, data: Any) -> Any:
         """A known published `source` brings its catalogue record's keys; the entry's own win."""
-        from model_registry.catalogue import with_record
+        from model_registry.zoo.catalogue import with_record
 
         return with_record(data) if isinstance(data, Mapping) else data
 
@@ -117,7 +117,7 @@ class ModelSpec(_Frozen):
     @field_validator("template")
     @classmethod
     def _template(cls, value: str | None) -> str | None:
-        from model_registry.llm_rerank import check_template
+        from model_registry.zoo.rerank_templates import check_template
 
         if value is not None:
             check_template(value)
@@ -159,7 +159,7 @@ class ModelSpec(_Frozen):
                 f"model '{self.name}': cuda_graphs: true needs a CUDA device, not device: {self.device}; "
                 "set device: cuda (or auto on a machine with a GPU), or cuda_graphs: auto"
             )
-        if self.backend in ("onnx", "ctranslate2"):
+        if self.backend not in ("torch", "auto"):
             raise ValueError(
                 f"model '{self.name}': cuda_graphs: true captures the torch engine, not backend: {self.backend}; "
                 "set backend: torch, or cuda_graphs: auto"

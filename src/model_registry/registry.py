@@ -14,19 +14,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from model_registry import classify, embedding, media_rerank, ranking, scoring, tokens
 from model_registry.adapters import Adapter
 from model_registry.adapters.engines import check_engines
-from model_registry.admission import client_priority, deadline_after, price, tokenizing_price
-from model_registry.batching import BatchQueue, Request
+from model_registry.cache.results import caches_for
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
 from model_registry.errors import Cancelled, ModelUnavailable, UnknownModel
-from model_registry.handles import DeviceUsage, LifecycleEvent, ModelHandle
-from model_registry.lifecycle import Lifecycle
-from model_registry.result_cache import caches_for
-from model_registry.timing import StageTimes, report
+from model_registry.runtime.admission import client_priority, deadline_after, price, tokenizing_price
+from model_registry.runtime.batching import BatchQueue, Request
+from model_registry.runtime.handles import DeviceUsage, LifecycleEvent, ModelHandle
+from model_registry.runtime.lifecycle import Lifecycle
+from model_registry.runtime.timing import StageTimes, report
+from model_registry.runtime.worker import BatchStats
+from model_registry.tasks import classify, embedding, media_rerank, scoring, tokens
+from model_registry.tasks import rerank as ranking
 from model_registry.types import Capability, Item, Kind, ModelInfo, ModelState, Results
-from model_registry.worker import BatchStats
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_registry.adapters.base import Adapter, LoadOptions
-from model_registry.batching import BatchQueue, Request
+from model_registry.runtime.batching import BatchQueue, Request
 from model_registry.types import Capability, Item, Kind, Prepared, Result, Score
 
 #: The longest any step waits for the other side, in seconds: long enough for a loaded machine,

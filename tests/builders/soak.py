@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from model_registry.memory import process_rss
+from model_registry.runtime.memory import process_rss
 
 MIB = 2**20
 WORDS = (

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from model_registry import backends
 from model_registry.backends import choice
-from model_registry.detect_zoo import is_causal_lm
+from model_registry.zoo.files import is_causal_lm
 from tests.builders.catalogue import (
     NOMIC_PROMPTS,
     tiny_embeddinggemma,
@@ -54,8 +55,8 @@ from tests.integration.zoo.test_remote_code import tiny_remote_code_model
 
 Probe = Literal["dense", "rerank", "classify", "sparse", "multivector", "multi_output", "image_text"]
 
-ENGINES = ("torch", "onnx", "ctranslate2")
-ENGINE_NAMES = {"torch": "torch", "onnx": "ONNX Runtime", "ctranslate2": "CTranslate2", "numpy": "numpy"}
+ENGINES = backends.names()
+ENGINE_NAMES = {**{e.name: e.title for e in backends.declared()}, "numpy": "numpy"}
 #: The device classes `auto` tells apart, each with the precision it runs a model in by default.
 HOSTS = {"cpu/avx2": "fp32", "cpu/avx512_vnni": "fp32", "cpu/amx": "fp32", "cpu/other": "fp32", "cuda": "float16"}
 HOST_NAMES = {"cpu/avx2": "AVX2", "cpu/avx512_vnni": "AVX-512 VNNI", "cpu/amx": "AMX", "cpu/other": "other CPU"}
@@ -82,7 +83,7 @@ class Family:
     architecture: str
     probe: Probe
     reference: ref.Reference
-    #: The detection rules that decide what its directory is (`detect_rules`).
+    #: The detection rules that decide what its directory is (`detection.rules`).
     rules: tuple[str, ...]
     #: Keys of its configuration entry beyond name and source (no `backend`: the matrix adds it).
     entry: dict[str, Any] = field(default_factory=dict)
@@ -497,11 +498,12 @@ def refusal(engine: str, family: Family, device: str = "cpu") -> str | None:
         return "LLM rerankers: torch only"
     if family.own_code:
         return "not its own code"
-    if family.kind not in choice.FAMILIES[engine]:
+    declared = backends.facts(engine)
+    if declared.kinds is not None and family.kind not in declared.kinds:
         return f"no {family.kind} models"
-    if family.architecture not in choice.ARCHITECTURES[engine]:
+    if declared.architectures is not None and family.architecture not in declared.architectures:
         return f"no '{family.architecture}'"
-    only = choice.ONLY.get((engine, family.architecture), frozenset())
+    only = declared.only.get(family.architecture, frozenset())
     return f"'{family.architecture}' as {', '.join(sorted(only))} only"
 
 

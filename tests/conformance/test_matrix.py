@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_registry import detect_rules
 from model_registry.backends import choice
-from model_registry.catalogue import RECORDS
+from model_registry.detection import rules as detect_rules
 from model_registry.errors import ConfigError
 from model_registry.registry import Registry
+from model_registry.zoo.catalogue import RECORDS
 from tests.conformance.families import (
     ENGINES,
     FAMILIES,
@@ -138,7 +138,7 @@ def difference(got: Answer, want: Answer) -> float:
 def decided_rules(directory: Path, family: Family, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, set[str]]:
     """The family's layout as detection reads it, and the names of the rules that decided it."""
     from model_registry.config import ModelSpec
-    from model_registry.detect import detect
+    from model_registry.detection.layout import detect
 
     decided: set[str] = set()
     first = detect_rules.first

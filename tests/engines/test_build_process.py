@@ -17,8 +17,9 @@ from typing import Any
 import psutil
 import pytest
 
-from model_registry.backends import build_process, cache, onnx_build
+from model_registry.backends import build_process, cache
 from model_registry.backends.base import EngineOptions
+from model_registry.backends.onnx import build as onnx_build
 from model_registry.errors import ModelUnavailable
 from tests.builders.text import tiny_bert
 from tests.conftest import REPO
@@ -157,7 +158,7 @@ def test_the_server_process_never_imports_the_exporter(tmp_path: Path) -> None:
     """A real export: the process asking for it imports neither torch nor the exporter."""
     directory = tiny_bert(tmp_path / "bert")
     code = (
-        "import sys; from pathlib import Path; from model_registry.backends.onnx import OnnxEngine; "
+        "import sys; from pathlib import Path; from model_registry.backends.onnx.engine import OnnxEngine; "
         "from model_registry.backends.base import EngineOptions; "
         "OnnxEngine().build(Path(sys.argv[1]), EngineOptions(device='cpu', cache_dir=sys.argv[2])); "
         "print(sorted(m for m in ('torch', 'onnxscript', 'transformers') if m in sys.modules))"

@@ -116,7 +116,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _hidden(directory: Path, root: Path, quantize: str = "none") -> tuple[np.ndarray, Path]:
-    from model_registry.backends.onnx import OnnxEngine
+    from model_registry.backends.onnx.engine import OnnxEngine
 
     engine = OnnxEngine()
     engine.load(directory, EngineOptions(device="cpu", quantize=quantize, cache_dir=str(root)))
@@ -164,7 +164,7 @@ def test_onnx_export_is_cached_rebuilt_when_corrupt_and_keyed_by_options(bert: P
 def test_the_directorys_own_onnx_file_is_used_without_exporting(bert: Path, tmp_path: Path) -> None:
     import shutil
 
-    from model_registry.backends.onnx import OnnxEngine
+    from model_registry.backends.onnx.engine import OnnxEngine
 
     exported, path = _hidden(bert, tmp_path / "first")
     own = tmp_path / "own"

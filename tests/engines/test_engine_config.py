@@ -24,9 +24,9 @@ def entry(**extra: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        ({"backend": "tensorrt"}, "'torch', 'onnx', 'ctranslate2' or 'auto'"),
+        ({"backend": "tensorrt"}, "no backend 'tensorrt'; expected auto, torch, ctranslate2, onnx"),
         ({"quantize": "int4"}, "'none', 'int8' or 'fp8'"),
-        ({"backend": "torch", "quantize": "int8"}, "use backend: onnx, ctranslate2 or auto"),
+        ({"backend": "torch", "quantize": "int8"}, "use backend: ctranslate2, onnx or auto"),
         ({"backend": "ctranslate2", "kind": "sparse"}, "it serves classifier, dense, reranker; use backend: torch"),
         ({"backend": "onnx", "kind": "image_text"}, "use backend: torch"),
         ({"backend": "onnx", "dtype": "int8_float16"}, "supported: auto, float16, float32"),
@@ -195,7 +195,9 @@ def test_auto_takes_the_fastest_measured_engine_installed_and_says_why(
     from model_registry.backends import choice
 
     monkeypatch.setattr(choice, "installed", lambda backend: backend == "torch" or backend in extras)
-    monkeypatch.setattr(choice, "onnx_runs_on_cuda", lambda: "onnx-gpu" in extras)
+    monkeypatch.setattr(
+        choice, "cuda_build_installed", lambda backend: "onnx-gpu" in extras if backend == "onnx" else backend in extras
+    )
     device = "cuda" if host == "cuda" else "mps" if host == "mps" else "cpu"
     chosen = choose(
         "m",
@@ -241,7 +243,7 @@ def test_an_onnx_model_meant_for_cuda_never_runs_on_the_cpu_unseen(tmp_path: Pat
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from model_registry.backends.base import EngineOptions
-    from model_registry.backends.onnx import CudaProviderFailed, OnnxEngine
+    from model_registry.backends.onnx.engine import CudaProviderFailed, OnnxEngine
     from model_registry.errors import ModelUnavailable
     from tests.builders.text import tiny_bert
 
@@ -270,7 +272,7 @@ def test_the_cuda_libraries_are_preloaded_once_and_a_second_load_waits_for_it(mo
     import time
 
     ort = pytest.importorskip("onnxruntime")
-    from model_registry.backends import onnx
+    from model_registry.backends.onnx import engine as onnx
 
     calls: list[float] = []
 
@@ -302,7 +304,7 @@ def test_device_auto_is_the_cpu_for_onnx_runtime_s_cuda_build_on_a_machine_witho
     and the model must load and serve in float32 (not fail looking for a GPU)."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from model_registry.devices import cuda_available
+    from model_registry.backends.devices import cuda_available
     from tests.builders.text import tiny_bert
     from tests.engines.helpers import embed_items, load, run
 
@@ -322,7 +324,7 @@ def test_the_onnx_engine_asks_the_driver_before_taking_auto_to_mean_cuda(monkeyp
     """The engine's own `auto`, as a caller that does not resolve the device first gets it: the
     CUDA provider listed is not enough, a device must be there too."""
     ort = pytest.importorskip("onnxruntime")
-    from model_registry.backends import onnx
+    from model_registry.backends.onnx import engine as onnx
 
     real = ort.get_available_providers()
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real])
@@ -339,8 +341,8 @@ def test_an_onnx_engine_loaded_with_device_auto_runs_on_the_cpu_of_a_machine_wit
     claiming a CUDA provider, on this machine's real driver check."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from model_registry.backends import onnx
     from model_registry.backends.base import EngineOptions
+    from model_registry.backends.onnx import engine as onnx
     from tests.builders.text import tiny_bert
 
     if onnx.cuda_devices():
@@ -360,7 +362,7 @@ def test_an_onnx_engine_loaded_with_device_auto_runs_on_the_cpu_of_a_machine_wit
 def documented_engine(installed: set[str]) -> str:
     """What docs/backends.md's table gives a dense BERT in fp32 on this machine, read from
     /proc/cpuinfo here rather than through the code under test."""
-    from model_registry.devices import cuda_available
+    from model_registry.backends.devices import cuda_available
 
     if cuda_available():
         return "onnx" if "onnx-gpu" in installed else "torch"
@@ -489,7 +491,7 @@ def test_auto_precision_on_cuda_avoids_float16_for_families_that_overflow_it(
 ) -> None:
     import torch
 
-    from model_registry.backends.torch import resolve_dtype
+    from model_registry.backends.torch.engine import resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
     assert resolve_dtype("auto", "cuda:0", model_type) == getattr(torch, expected)

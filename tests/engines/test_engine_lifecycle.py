@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from model_registry import ModelState, Registry
-from model_registry.handles import EventKind
-from model_registry.memory import process_rss, release
+from model_registry.runtime.handles import EventKind
+from model_registry.runtime.memory import process_rss, release
 from tests.builders.text import tiny_bert
 from tests.conftest import REPO
 from tests.engines.helpers import TEXTS

@@ -132,10 +132,10 @@ def test_fp8_weights_take_fewer_bytes_than_float16_counted_as_the_allocator_sees
     row (counted here from the layers' shapes), and converting frees what the footprint says."""
     from transformers import AutoModel
 
-    from model_registry.backends import fp8
     from model_registry.backends.base import EngineOptions
-    from model_registry.backends.torch import TorchEngine, module_bytes
-    from model_registry.sources import resolve_source
+    from model_registry.backends.torch import fp8
+    from model_registry.backends.torch.engine import TorchEngine, module_bytes
+    from model_registry.zoo.sources import resolve_source
 
     directory = resolve_source(SOURCE)
     half, quantized = TorchEngine(), TorchEngine()

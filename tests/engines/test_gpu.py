@@ -12,7 +12,7 @@ from model_registry.adapters import LoadOptions, create_adapter
 from model_registry.adapters.dense import TextEncoder, as_tensor
 from model_registry.backends.weights import weight_bytes
 from model_registry.config import ModelSpec
-from model_registry.memory import CudaReading, load_and_measure, release
+from model_registry.runtime.memory import CudaReading, load_and_measure, release
 from model_registry.types import Result
 from tests.builders.text import tiny_bert
 from tests.engines.families import FAMILIES

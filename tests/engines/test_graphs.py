@@ -19,13 +19,13 @@ import torch
 
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
 from model_registry.adapters.dense import TextEncoder
-from model_registry.backends import graphs
 from model_registry.backends.base import EncoderOutput
-from model_registry.backends.torch import TorchEngine
+from model_registry.backends.torch import graphs
+from model_registry.backends.torch.engine import TorchEngine
 from model_registry.config import ModelSpec
-from model_registry.memory import load_and_measure, release
-from model_registry.sources import resolve_source
+from model_registry.runtime.memory import load_and_measure, release
 from model_registry.types import EmbedItem, Item, Output, PairItem, Result, Text
+from model_registry.zoo.sources import resolve_source
 from tests.builders.embedders import tiny_qwen3, tiny_xlmr
 from tests.builders.llm_rerankers import tiny_qwen3_reranker
 from tests.builders.text import tiny_bert

@@ -62,7 +62,7 @@ def sts(data_dir: Path) -> tuple[list[tuple[str, str, float]], list[str]]:
 
 @pytest.fixture(scope="module")
 def reference(sts: tuple[list[tuple[str, str, float]], list[str]]) -> np.ndarray:
-    from model_registry.sources import resolve_source
+    from model_registry.zoo.sources import resolve_source
 
     model = SentenceTransformer(str(resolve_source(SOURCE)), device="cpu")
     vectors: np.ndarray = model.encode(sts[1], batch_size=32, convert_to_numpy=True)

@@ -86,7 +86,7 @@ def cosines(left: list[Result], right: list[Result]) -> list[float]:
 
 def artifact(adapter: Adapter) -> Path:
     """The cache directory the adapter's ONNX engine loaded its graph from."""
-    from model_registry.backends.onnx import OnnxEngine
+    from model_registry.backends.onnx.engine import OnnxEngine
 
     assert isinstance(adapter, TextEncoder)
     assert isinstance(adapter.engine, OnnxEngine)
@@ -113,7 +113,7 @@ def test_int8_keeps_every_vector_s_direction_and_quantizes_the_float_export(
 
 
 def hidden(directory: Path, root: Path, quantize: str = "none") -> tuple[np.ndarray, Path]:
-    from model_registry.backends.onnx import OnnxEngine
+    from model_registry.backends.onnx.engine import OnnxEngine
 
     engine = OnnxEngine()
     engine.load(directory, EngineOptions(device="cpu", quantize=quantize, cache_dir=str(root)))
@@ -306,7 +306,7 @@ def test_auto_chooses_each_architecture_by_its_own_figures(
     from model_registry.backends import choice
 
     monkeypatch.setattr(choice, "installed", lambda backend: True)
-    monkeypatch.setattr(choice, "onnx_runs_on_cuda", lambda: True)
+    monkeypatch.setattr(choice, "cuda_build_installed", lambda backend: True)
     device = "cuda" if host == "cuda" else "cpu"
     chosen = choose("m", "auto", quantize, kind, {"model_type": architecture}, device, host=host)
     assert (chosen.backend, chosen.reason.startswith(f"auto: {engine}, ")) == (engine, True)

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from model_registry.adapters import Adapter
-from model_registry.backends import packed
-from model_registry.backends.torch import TorchEngine
-from model_registry.batching import BatchQueue, Request
+from model_registry.backends.torch import packed
+from model_registry.backends.torch.engine import TorchEngine
+from model_registry.runtime.batching import BatchQueue, Request
 from model_registry.types import EmbedItem, Item, Output, PairItem, Prepared, Text
 from tests.builders.embedders import tiny_gemma3, tiny_modernbert, tiny_qwen3, tiny_xlmr
 from tests.builders.jina import tiny_jina_v3, tiny_jina_v3_hf

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer, BertForSequenceClassification
 
-from model_registry.sources import resolve_source
+from model_registry.zoo.sources import resolve_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

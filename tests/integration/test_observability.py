@@ -115,7 +115,7 @@ def test_stage_and_batch_metrics_per_model(serve: Any) -> None:
     assert value("infinity_queue_tokens", model="fake") == 0
     assert value("infinity_queue_depth", model="fake") == 0
     # Loading the pinned model at start ran a generation-2 collection of what was not yet frozen
-    # (model_registry.heap.freeze).
+    # (model_registry.runtime.heap.freeze).
     assert value("infinity_gc_pause_seconds_count", generation="2") >= 1
 
 

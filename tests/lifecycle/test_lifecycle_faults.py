@@ -10,7 +10,7 @@ import pytest
 
 from model_registry import InvalidInput, ModelState, ModelUnavailable, Overloaded, Registry
 from model_registry.adapters.fake import held_bytes
-from model_registry.handles import EventKind
+from model_registry.runtime.handles import EventKind
 from model_registry.types import ClassifyItem
 from tests.builders.lifecycle import fake_model
 from tests.unit.test_registry import forward_started, traffic_only

@@ -13,11 +13,11 @@ import pytest
 
 from model_registry import ModelState, Registry
 from model_registry.adapters import LoadOptions
-from model_registry.assembly import batch_tokens
 from model_registry.backends.weights import weight_bytes
-from model_registry.handles import EventKind
-from model_registry.memory import format_bytes, process_rss, release, worst_case_items
-from model_registry.sources import resolve_source
+from model_registry.runtime.assembly import batch_tokens
+from model_registry.runtime.handles import EventKind
+from model_registry.runtime.memory import format_bytes, process_rss, release, worst_case_items
+from model_registry.zoo.sources import resolve_source
 from tests.builders.text import tiny_bert
 from tests.conftest import REPO
 

@@ -14,7 +14,7 @@ import pytest
 
 from model_registry import ModelState, ModelUnavailable, Registry, SyncRegistry, UnsupportedOperation
 from model_registry.adapters.fake import fake_vector, held_bytes
-from model_registry.handles import EventKind
+from model_registry.runtime.handles import EventKind
 from model_registry.types import Embedding, Result
 from tests.builders.lifecycle import budget_for, fake_model
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from model_registry import ModelState
-from model_registry.handles import EventKind
+from model_registry.runtime.handles import EventKind
 from tests.builders.soak import RssSampler, SoakResult, drive, soak_models
 
 # 2,000 requests over HTTP in all: seconds, not the milliseconds of a unit test.

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from model_registry.sources import resolve_source
+from model_registry.zoo.sources import resolve_source
 from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.integration

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from model_registry import devices
 from model_registry.adapters.static import StaticAdapter, refused_settings
-from model_registry.assembly import memory_device_of
+from model_registry.backends import devices
 from model_registry.config import ModelSpec
-from model_registry.detect import Layout, detect
+from model_registry.detection.layout import Layout, detect
 from model_registry.errors import ModelUnavailable
+from model_registry.runtime.assembly import memory_device_of
 
 MODEL2VEC = {"model_type": "model2vec", "architectures": ["StaticModel"], "normalize": True}
 STATIC = {"idx": 0, "name": "0", "path": "0_StaticEmbedding", "type": "sentence_transformers.models.StaticEmbedding"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from model_registry.admission import Backlog, client_priority, price
 from model_registry.errors import Overloaded
+from model_registry.runtime.admission import Backlog, client_priority, price
 from model_registry.types import ClassifyItem, EmbedItem, Media, Modality, PairItem, Text, TokenIds
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from model_registry.batching import Batch, BatchQueue, Request
 from model_registry.errors import DeadlineExceeded, ModelUnavailable, Overloaded
+from model_registry.runtime.batching import Batch, BatchQueue, Request
 from model_registry.types import Prepared
 
 
@@ -232,7 +232,7 @@ def test_entries_requeued_after_close_fail_at_once_as_unavailable() -> None:
 
 def test_a_sort_window_holds_at_most_window_items_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     # A budget of 10,000 would take all 100 one-token items; the window caps what one batch sorts.
-    monkeypatch.setattr("model_registry.batching.WINDOW_ITEMS", 8)
+    monkeypatch.setattr("model_registry.runtime.batching.WINDOW_ITEMS", 8)
     queue = make_queue(max_batch_tokens=10_000)
     queue.put(request([1] * 100))
     batch = queue.next_batch(timeout=0)

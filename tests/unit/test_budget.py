@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from model_registry import Registry, warmup
+from model_registry import Registry
 from model_registry.adapters.fake import FakeAdapter
-from model_registry.assembly import batch_tokens, budget_candidates
 from model_registry.config import ModelSpec
-from model_registry.lifecycle import timed_warm_up
+from model_registry.runtime import warmup
+from model_registry.runtime.assembly import batch_tokens, budget_candidates
+from model_registry.runtime.lifecycle import timed_warm_up
 from model_registry.types import Prepared
 from tests.builders.text import tiny_bert
 

@@ -10,10 +10,10 @@ import yaml
 from infinity_server.cli import main
 from model_registry.backends import choice
 from model_registry.backends.choice import catalogue_listing
-from model_registry.catalogue import RECORDS, match, with_record
 from model_registry.config import ModelSpec
-from model_registry.llm_rerank import RECORDS as PROMPTS
 from model_registry.types import Kind
+from model_registry.zoo.catalogue import RECORDS, match, with_record
+from model_registry.zoo.rerank_templates import RECORDS as PROMPTS
 
 PUBLISHED = [
     *(f"Qwen/Qwen3-Embedding-{size}" for size in ("0.6B", "4B", "8B")),

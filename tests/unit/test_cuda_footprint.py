@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from model_registry.adapters import Adapter, LoadOptions, create_adapter
+from model_registry.backends.devices import gate
 from model_registry.config import ModelSpec
-from model_registry.devices import gate
 from model_registry.errors import ModelUnavailable
-from model_registry.memory import CudaReading, cuda_footprint, load_and_measure
+from model_registry.runtime.memory import CudaReading, cuda_footprint, load_and_measure
 from tests.builders.text import tiny_bert
 
 torch = pytest.importorskip("torch")
@@ -185,8 +185,8 @@ def test_the_gate_is_held_while_the_load_measures_never_while_the_artifact_is_bu
 @pytest.mark.parametrize(
     ("backend", "module", "step"),
     [
-        ("ctranslate2", "model_registry.backends.ctranslate2", "convert"),
-        pytest.param("onnx", "model_registry.backends.onnx_build", "build_artifact", marks=pytest.mark.slow),
+        ("ctranslate2", "model_registry.backends.ctranslate2.engine", "convert"),
+        pytest.param("onnx", "model_registry.backends.onnx.build", "build_artifact", marks=pytest.mark.slow),
     ],
 )
 def test_a_conversion_runs_outside_the_devices_gate(

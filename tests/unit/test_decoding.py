@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from model_registry.decoding import decode_audio, decode_image
 from model_registry.errors import InvalidInput
+from model_registry.media.decoding import decode_audio, decode_image
 from model_registry.types import MediaLimits
 from tests.builders.media import image_bytes, lying_wav, one_colour_png, smooth_image, strip_png, wav_bytes
 
@@ -118,7 +118,7 @@ def test_crop_before_center_crop_keeps_what_the_processor_keeps(size: tuple[int,
     """The processor's output is the same (to rounding) from the pre-cropped image as from the whole one."""
     from transformers import CLIPImageProcessor
 
-    from model_registry.decoding import crop_for_center_crop
+    from model_registry.media.decoding import crop_for_center_crop
 
     processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     image = smooth_image(*size)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from model_registry import detect_rules as rules
 from model_registry.config import ModelSpec
-from model_registry.detect import read_facts
+from model_registry.detection import rules
+from model_registry.detection.layout import read_facts
 from model_registry.errors import ModelUnavailable
 from model_registry.types import Kind
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from model_registry.config import ModelSpec
-from model_registry.detect import detect
+from model_registry.detection.layout import detect
 from model_registry.errors import ModelUnavailable
 from model_registry.types import Kind
 from tests.builders.text import tiny_bert

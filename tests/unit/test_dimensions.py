@@ -10,7 +10,7 @@ import pytest
 
 from model_registry import Embedding, InvalidInput, Registry
 from model_registry.adapters.fake import fake_vector
-from model_registry.worker import BatchStats
+from model_registry.runtime.worker import BatchStats
 
 FAKE = {"name": "fake", "source": "fake", "kind": "fake", "options": {"dimensions": 16}}
 

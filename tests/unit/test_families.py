@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model_registry import Registry, families
+from model_registry import Registry, backends, families
 from model_registry.adapters import adapter_for
 from model_registry.config import ModelSpec
-from model_registry.detect import detect
-from model_registry.detect_rules import all_rules
+from model_registry.detection.layout import detect
+from model_registry.detection.rules import all_rules
 from model_registry.errors import ConfigError
 from model_registry.types import Capability, Embedding, Kind
 
@@ -191,3 +191,29 @@ def test_a_module_without_a_family_is_named(installed: Path) -> None:
     _entry_points(installed, "letters = toy_letters")
     with pytest.raises(ConfigError, match="declares no model family"):
         families.declared()
+
+
+def test_the_engines_a_family_lists_serve_its_kind() -> None:
+    for family in families.declared():
+        if family.kind is None:
+            continue
+        serving = {e.name for e in backends.declared() if e.kinds is None or family.kind.value in e.kinds}
+        assert set(family.engines) <= serving, family.name
+        if family.default and not family.engineless:
+            assert set(family.engines) == serving, family.name
+
+
+def family_table() -> str:
+    """The families page's table, as the declarations say it."""
+    rows = []
+    for family in families.declared():
+        kind = family.kind.value + (" (default)" if family.default else "") if family.kind else "its routes'"
+        can = ", ".join(sorted(c.value for c in family.capabilities)) or "its routes'"
+        engines = ", ".join(family.engines) or "none (numpy)"
+        rows.append(f"| `{family.name}` | {kind} | {can} | {engines} | {family.summary} |")
+    return "\n".join(["| family | kind | can | engines | what |", "|---|---|---|---|---|", *rows])
+
+
+def test_the_families_page_lists_every_family_as_declared() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "families.md").read_text(encoding="utf-8")
+    assert family_table() in page, f"docs/families.md should hold the families table:\n{family_table()}"

@@ -14,11 +14,11 @@ import torch
 
 from model_registry import Registry
 from model_registry.adapters import Adapter
-from model_registry.backends import fp8
-from model_registry.backends import torch as torch_engine
 from model_registry.backends.base import EngineOptions
 from model_registry.backends.choice import choose
-from model_registry.backends.torch import TorchEngine, module_bytes
+from model_registry.backends.torch import engine as torch_engine
+from model_registry.backends.torch import fp8
+from model_registry.backends.torch.engine import TorchEngine, module_bytes
 from model_registry.config import registry_config
 from model_registry.errors import ConfigError, ModelUnavailable
 from model_registry.types import Embedding, Result

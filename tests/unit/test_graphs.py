@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from model_registry.backends import graphs
 from model_registry.backends.base import EncoderBatch, EncoderOutput, EngineOptions
-from model_registry.backends.graphs import Bucket
+from model_registry.backends.torch import graphs
+from model_registry.backends.torch.graphs import Bucket
 from model_registry.config import registry_config
 from model_registry.errors import ConfigError, ModelUnavailable
 
@@ -164,7 +164,7 @@ def test_the_key_refuses_other_values() -> None:
 
 def test_a_load_is_charged_the_graph_pools_free_memory() -> None:
     """The private pool's blocks between replays hold no tensor, yet no other model can use them."""
-    from model_registry.memory import CudaReading, cuda_footprint
+    from model_registry.runtime.memory import CudaReading, cuda_footprint
 
     before = CudaReading(allocated=100, reserved=200, used=300, pooled=0)
     after = CudaReading(allocated=150, reserved=260, used=360, pooled=40)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from model_registry.errors import InvalidInput
-from model_registry.long_inputs import Plan, merge, pool, sentences, token_ranges, windows
+from model_registry.tasks.long_inputs import Plan, merge, pool, sentences, token_ranges, windows
 from model_registry.types import Embedding, Results, Score, Token, TokenIds
 
 

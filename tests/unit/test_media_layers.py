@@ -7,7 +7,7 @@ import sys
 
 PROBE = """
 import sys
-import model_registry, model_registry.decoding, model_registry.adapters.towers
+import model_registry, model_registry.media.decoding, model_registry.adapters.towers
 import model_registry.adapters.clip, model_registry.adapters.clap, model_registry.adapters.colpali
 import model_registry.adapters.open_clip
 bad = sorted(m for m in ("starlette", "httpx", "infinity_server", "PIL", "soundfile", "soxr", "open_clip")

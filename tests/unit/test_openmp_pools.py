@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from model_registry import Registry
-from model_registry import worker as worker_module
 from model_registry.adapters.fake import FakeAdapter
 from model_registry.errors import BatchFailed
-from model_registry.lifecycle import on_own_thread
+from model_registry.runtime import worker as worker_module
+from model_registry.runtime.lifecycle import on_own_thread
+from model_registry.runtime.worker import PrepareStage, side_thread
 from model_registry.types import EmbedItem, Text
-from model_registry.worker import PrepareStage, side_thread
 from tests.builders.text import tiny_bert
 from tests.unit.test_registry import adapter_of, collating_threads, fake, forward_started, traffic_only, vectors
 
@@ -209,7 +209,7 @@ def test_the_openmp_runtime_is_found_where_torch_is_installed_behind_a_symlink(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """/proc/self/maps names real paths; a virtualenv reached through a symlink must still match."""
-    from model_registry.backends import torch as torch_backend
+    from model_registry.backends.torch import engine as torch_backend
 
     if torch_backend._openmp() is None:
         pytest.skip("torch does not run on OpenMP here")

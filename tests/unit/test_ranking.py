@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model_registry.classify import classification
 from model_registry.errors import BatchFailed, InvalidInput, UnsupportedOperation
-from model_registry.ranking import COSINE, check_rerank_input, embedding_scores, ranking, rerank_method
-from model_registry.similarity import DENSE, sparse_dot
+from model_registry.media.similarity import DENSE, sparse_dot
+from model_registry.tasks.classify import classification
+from model_registry.tasks.rerank import COSINE, check_rerank_input, embedding_scores, ranking, rerank_method
 from model_registry.types import Capability, Embedding, Labels, Similarity, SparseVector
 
 

@@ -21,11 +21,11 @@ from model_registry import (
     SyncRegistry,
     UnknownModel,
 )
-from model_registry import worker as worker_module
 from model_registry.adapters import Adapter
 from model_registry.adapters.fake import FakeAdapter, fake_vector
+from model_registry.runtime import worker as worker_module
+from model_registry.runtime.worker import INLINE_COST, PrepareStage
 from model_registry.types import Embedding, EmbedItem, Media, Modality, Text
-from model_registry.worker import INLINE_COST, PrepareStage
 from tests.waiting import eventually_async
 
 

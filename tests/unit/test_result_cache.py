@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_registry import ConfigError, Registry, cache_keys
+from model_registry import ConfigError, Registry
 from model_registry.adapters.fake import FakeAdapter, fake_vector
-from model_registry.cache_keys import item_key, model_identity
+from model_registry.cache import keys as cache_keys
+from model_registry.cache.keys import item_key, model_identity
+from model_registry.cache.results import Disk, Entry, Memory, entry, outcome, recording
 from model_registry.config import ModelSpec
-from model_registry.result_cache import Disk, Entry, Memory, entry, outcome, recording
 from model_registry.types import (
     Embedding,
     EmbedItem,
@@ -259,7 +260,7 @@ def test_a_million_token_ids_are_keyed_without_stalling_the_event_loop() -> None
 
 
 def weighted_model(root: Path) -> Path:
-    """A sentence-transformers layout whose weights lie in subfolders, as detect.py serves it."""
+    """A sentence-transformers layout whose weights lie in subfolders, as detection/layout.py serves it."""
     for name, size in [("config.json", 8), ("0_Transformer/model.safetensors", 64), ("onnx/model.onnx.data", 64)]:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(bytes(size))

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_registry import Registry, result_cache
+from model_registry import Registry
 from model_registry.adapters.fake import fake_vector
-from model_registry.result_cache import Disk, Entry, Memory, entry
+from model_registry.cache import results as result_cache
+from model_registry.cache.results import Disk, Entry, Memory, entry
 from model_registry.types import Embedding, Labels, Score, SparseVector
 from tests.unit.test_result_cache import cached_fake
 
@@ -120,7 +121,7 @@ async def test_a_full_disk_is_logged_once_and_every_request_is_still_answered(
     config: dict[str, Any] = {"models": [cached_fake(cache={"bytes": "1MiB", "disk": str(store)})]}
     async with Registry.from_config(config) as registry:
         monkeypatch.setattr(result_cache, "tempfile", FullDisk)
-        with caplog.at_level(logging.WARNING, logger="model_registry.result_cache"):
+        with caplog.at_level(logging.WARNING, logger="model_registry.cache.results"):
             for text in ("first", "second"):
                 found = (await registry.embed("fake", [text])).items[0]
                 assert isinstance(found, Embedding)

@@ -17,7 +17,7 @@ import torch
 from model_registry.adapters import create_adapter
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import ModelSpec
-from model_registry.decoding import decode_image, fixed_resize, jpeg_scale, shortest_edge_resize
+from model_registry.media.decoding import decode_image, fixed_resize, jpeg_scale, shortest_edge_resize
 from model_registry.types import EmbedItem, Media, MediaLimits, Modality, Output
 from tests.builders.media import tiny_clip, tiny_colpali, tiny_open_clip, tiny_siglip, tiny_siglip2_naflex
 

@@ -9,7 +9,7 @@ import torch
 
 from model_registry.adapters import segments, splade
 from model_registry.adapters.pooling import exclude_prompt, pool
-from model_registry.backends import packed
+from model_registry.backends.torch import packed
 
 MODES = ("cls", "lasttoken", "max", "mean", "mean_sqrt_len_tokens", "weightedmean")
 

@@ -8,7 +8,7 @@ import pytest
 
 from infinity_server.settings import ServerSettings, load_settings
 from model_registry import ConfigError
-from model_registry.sources import resolve_source
+from model_registry.zoo.sources import resolve_source
 
 
 def write(path: Path, text: str) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from model_registry import ModelUnavailable
-from model_registry.sources import find_in_cache, resolve_source
+from model_registry.zoo.sources import find_in_cache, resolve_source
 from tests.builders.hub import lay_out_cache
 
 

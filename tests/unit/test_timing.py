@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from model_registry import Registry
-from model_registry.timing import recording
+from model_registry.runtime.timing import recording
 
 DELAY = 0.1
 

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from model_registry import validation
 from model_registry.adapters.fake import FakeAdapter
 from model_registry.config import registry_config
 from model_registry.errors import InvalidInput, UnsupportedOperation
+from model_registry.tasks import validation
 from model_registry.types import Capability, Media, Modality, Output, Text, TokenIds
 
 CONFIG = registry_config(

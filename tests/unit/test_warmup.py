@@ -10,9 +10,9 @@ import pytest
 from model_registry.adapters import LoadOptions, create_adapter
 from model_registry.backends.weights import weight_bytes
 from model_registry.config import ModelSpec
-from model_registry.memory import load_and_measure
+from model_registry.runtime.memory import load_and_measure
+from model_registry.runtime.warmup import run_batches, worst_case_batches
 from model_registry.types import ClassifyItem, EmbedItem, Media, Output, PairItem
-from model_registry.warmup import run_batches, worst_case_batches
 from tests.builders import media, zoo
 
 BUDGET = 256

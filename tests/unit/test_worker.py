@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from model_registry.batching import Request
 from model_registry.errors import BatchFailed, ModelUnavailable
+from model_registry.runtime.batching import Request
+from model_registry.runtime.worker import BatchStats, Worker
 from model_registry.types import Score
-from model_registry.worker import BatchStats, Worker
 from tests.builders.gated import WAIT, Call, GatedAdapter, Outcomes, WatchedQueue
 from tests.waiting import eventually
 
@@ -255,7 +255,7 @@ def test_stop_fails_queued_and_prefetched_requests_and_lets_the_running_batch_fi
 
 def test_work_arriving_ends_the_pause_after_a_delivery_at_once(monkeypatch: pytest.MonkeyPatch, bench: Bench) -> None:
     # A pause as long as a test's timeout: only the arriving work can end it in time.
-    monkeypatch.setattr("model_registry.worker._YIELD", 10 * WAIT)
+    monkeypatch.setattr("model_registry.runtime.worker._YIELD", 10 * WAIT)
     bench.collate.open()
     bench.hold_in_forward(1.0)
     bench.forward.release()
@@ -269,7 +269,7 @@ def test_work_arriving_ends_the_pause_after_a_delivery_at_once(monkeypatch: pyte
 
 
 def test_stop_ends_a_paused_forward_thread_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("model_registry.worker._YIELD", 10 * WAIT)
+    monkeypatch.setattr("model_registry.runtime.worker._YIELD", 10 * WAIT)
     bench = Bench(name="paused")
     bench.adapter.open()
     bench.worker.start()

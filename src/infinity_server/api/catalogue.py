@@ -1,7 +1,7 @@
 """The catalogue route: the known published models and what serving each right takes.
 
 A configured model whose `source` names one of these ids gets the record's keys under its own
-(see `model_registry.catalogue`); the model list says which record a model matched.
+(see `model_registry.zoo.catalogue`); the model list says which record a model matched.
 """
 
 from __future__ import annotations

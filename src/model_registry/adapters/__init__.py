@@ -18,7 +18,7 @@ from model_registry.families import capabilities_of_kind
 from model_registry.types import Kind
 
 if TYPE_CHECKING:
-    from model_registry.detect import Layout
+    from model_registry.detection.layout import Layout
 
 __all__ = ["Adapter", "LoadOptions", "capabilities_of_kind", "create_adapter", "detect_kind"]
 
@@ -30,8 +30,8 @@ def detect_kind(spec: ModelSpec) -> Kind:
     """
     from pathlib import Path
 
-    from model_registry.detect import detect
-    from model_registry.sources import find_in_cache, resolve_source
+    from model_registry.detection.layout import detect
+    from model_registry.zoo.sources import find_in_cache, resolve_source
 
     source = spec.source
     if not source.startswith("package:") and not Path(source).expanduser().is_dir():
@@ -83,9 +83,9 @@ def create_adapter(spec: ModelSpec) -> Adapter:
         from model_registry.adapters.fake import FakeAdapter
 
         return FakeAdapter(spec.options)  # no files to detect
-    from model_registry.backends.fp8 import check_kind
-    from model_registry.detect import detect
-    from model_registry.sources import resolve_source
+    from model_registry.backends.torch.fp8 import check_kind
+    from model_registry.detection.layout import detect
+    from model_registry.zoo.sources import resolve_source
 
     layout = detect(resolve_source(spec.source, revision=spec.revision), spec)
     if families.default_of(layout.kind) is None and layout.family is None:

@@ -23,7 +23,7 @@ from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextBatch, TextEncoder
 from model_registry.adapters.items import embed_item
 from model_registry.adapters.segments import Ragged
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
 from model_registry.errors import ModelUnavailable
 from model_registry.types import Capability, Embedding, Item, Kind, Output, Prepared, Result, SparseVector
 

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from model_registry.adapters.towers import TwoTowerAdapter, features
-from model_registry.decoding import decode_audio, processing
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
+from model_registry.media.decoding import decode_audio, processing
 from model_registry.types import Capability, Kind, Media, Modality, Prepared
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from model_registry.adapters.towers import TwoTowerAdapter, features
-from model_registry.decoding import (
+from model_registry.detection.layout import Layout
+from model_registry.media.decoding import (
     Resize,
     crop_for_center_crop,
     decode_image,
@@ -24,7 +25,6 @@ from model_registry.decoding import (
     processing,
     shortest_edge_resize,
 )
-from model_registry.detect import Layout
 from model_registry.types import Capability, Kind, Media, Modality, Prepared
 
 

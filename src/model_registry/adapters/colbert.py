@@ -38,8 +38,8 @@ from model_registry.adapters.dense import TextEncoder, load_dense_layer
 from model_registry.adapters.items import embed_item
 from model_registry.adapters.segments import Ragged
 from model_registry.backends.base import EncoderBatch
-from model_registry.detect import DenseLayer, Layout, read_json
-from model_registry.detect import _dense_layer as dense_layer
+from model_registry.detection.layout import DenseLayer, Layout, read_json
+from model_registry.detection.layout import _dense_layer as dense_layer
 from model_registry.errors import InvalidInput, ModelUnavailable
 from model_registry.types import Capability, Embedding, Item, Kind, Output, Prepared, Result, Text
 

@@ -22,12 +22,12 @@ from model_registry.adapters.items import embed_item
 from model_registry.adapters.pooling import exclude_prompt, pool
 from model_registry.adapters.text import TextTokenizer, Tokens
 from model_registry.backends import create_engine
-from model_registry.backends import torch as backend
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Packed, Task
 from model_registry.backends.cache import UnsafeCache
 from model_registry.backends.choice import Choice
+from model_registry.backends.torch import engine as backend
 from model_registry.backends.weights import weight_bytes
-from model_registry.detect import DenseLayer, Layout
+from model_registry.detection.layout import DenseLayer, Layout
 from model_registry.errors import InvalidInput, ModelUnavailable, UnsupportedOperation
 from model_registry.types import (
     Capability,

@@ -14,7 +14,7 @@ from model_registry import families
 from model_registry.adapters.base import LoadOptions
 from model_registry.backends.choice import Choice, choices
 from model_registry.config import ModelSpec
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
 from model_registry.errors import ConfigError, RegistryError
 
 
@@ -42,8 +42,8 @@ def check_engines(specs: Iterable[ModelSpec]) -> None:
     downloaded) are checked when they load instead. A static embedding model runs on no engine:
     an engine key in its entry is refused here wherever its files are on this machine already."""
     from model_registry.adapters.static import refused_settings
-    from model_registry.detect import detect
-    from model_registry.sources import resolve_source
+    from model_registry.detection.layout import detect
+    from model_registry.zoo.sources import resolve_source
 
     for spec in specs:
         refused = refused_settings(spec.backend, spec.quantize, spec.dtype, spec.device, spec.cuda_graphs)
@@ -63,9 +63,9 @@ def check_engines(specs: Iterable[ModelSpec]) -> None:
 def _static(spec: ModelSpec) -> bool:
     """Whether the model's files are an engineless family's (static embeddings), read where they are on this machine
     already (no download, and no more of them than the detection rules' layout stage reads)."""
-    from model_registry import detect_rules
-    from model_registry.detect import read_facts
-    from model_registry.sources import find_in_cache, resolve_source
+    from model_registry.detection import rules
+    from model_registry.detection.layout import read_facts
+    from model_registry.zoo.sources import find_in_cache, resolve_source
 
     source = spec.source
     try:
@@ -74,7 +74,7 @@ def _static(spec: ModelSpec) -> bool:
         else:
             repo, _, pinned = source.partition("@")
             root = find_in_cache(repo, pinned or spec.revision)
-        claimed = None if root is None else detect_rules.first(read_facts(root, spec), "layout")
+        claimed = None if root is None else rules.first(read_facts(root, spec), "layout")
     except (RegistryError, OSError, ValueError):  # unreadable files are the load's to report
         return False
     return claimed is not None and claimed.family in families.engineless()

@@ -1,6 +1,6 @@
 """jina-embeddings-v3: a dense embedder whose batches run with their task's LoRA adapter.
 
-The adapters are applied at run time (`backends/lora.py`): on torch, the batch's task is selected
+The adapters are applied at run time (`backends/torch/lora.py`): on torch, the batch's task is selected
 on every adapted layer before its forward pass; on ONNX Runtime, the export carries every task's
 factors and takes the task as its `task_id` input. A batch holds one task: each item's
 `Prepared.group` is its task, which the queue never mixes. An item without a task runs on the base
@@ -18,12 +18,12 @@ import torch
 
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import DenseAdapter, TextBatch
-from model_registry.backends import lora
-from model_registry.backends import torch as backend
 from model_registry.backends.base import LORA_FILE, TASK_INPUT
-from model_registry.detect import Layout
+from model_registry.backends.torch import engine as backend
+from model_registry.backends.torch import lora
+from model_registry.detection.layout import Layout
 from model_registry.errors import InvalidInput, ModelUnavailable
-from model_registry.native_ports import jina_weights
+from model_registry.families.ports import jina_weights
 from model_registry.types import EmbedItem, Item, Prepared
 
 

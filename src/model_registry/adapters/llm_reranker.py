@@ -1,7 +1,7 @@
 """LLM rerankers in their original format: a causal LM scores a (query, document) pair by its
 next token after a prompt (Qwen3-Reranker, bge-reranker-v2-gemma, mxbai-rerank-v2).
 
-The prompt and the scoring tokens come from detection (`llm_rerank.RerankPrompt`). The pair is
+The prompt and the scoring tokens come from detection (`zoo.rerank_templates.RerankPrompt`). The pair is
 rendered into the prompt's pieces, each tokenized on its own and their ids joined as the family's
 reference joins them (the pieces write their own special tokens); a chat template renders one
 text. The engine runs the base model and the LM head's rows of the two tokens only, at each
@@ -25,10 +25,10 @@ from model_registry.adapters.engines import engine_for
 from model_registry.adapters.text import pad
 from model_registry.backends.base import EncoderBatch, EngineOptions, Task
 from model_registry.backends.choice import Choice
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
 from model_registry.errors import InputTooLong, InvalidInput, ModelUnavailable, UnsupportedOperation
-from model_registry.llm_rerank import CHAT_TEMPLATE, RerankPrompt, parse
 from model_registry.types import Capability, Item, Kind, PairItem, Prepared, Result, Score
+from model_registry.zoo.rerank_templates import CHAT_TEMPLATE, RerankPrompt, parse
 
 #: Patterns by which sentence-transformers tells a chat template that takes structured content
 #: (a list of typed parts) from one that takes a plain string.

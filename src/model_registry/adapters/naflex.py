@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from model_registry.adapters.towers import TwoTowerAdapter, features
-from model_registry.decoding import decode_image, processing
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
 from model_registry.errors import ModelUnavailable
+from model_registry.media.decoding import decode_image, processing
 from model_registry.types import Capability, Kind, Media, Modality, Prepared
 
 

@@ -18,8 +18,10 @@ import torch
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.towers import tower_text
-from model_registry.backends import torch as backend
-from model_registry.decoding import (
+from model_registry.backends.torch import engine as backend
+from model_registry.detection.layout import Layout
+from model_registry.errors import ModelUnavailable
+from model_registry.media.decoding import (
     Resize,
     crop_for_center_crop,
     decode_image,
@@ -28,8 +30,6 @@ from model_registry.decoding import (
     processing,
     shortest_edge_resize,
 )
-from model_registry.detect import Layout
-from model_registry.errors import ModelUnavailable
 from model_registry.types import Capability, Embedding, Item, Kind, MediaLimits, Modality, Prepared, Result
 
 

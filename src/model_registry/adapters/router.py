@@ -17,7 +17,7 @@ from typing import Any
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.static import ENGINE
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
 from model_registry.errors import InvalidInput, ModelUnavailable
 from model_registry.types import EmbedItem, Item, Prepared, Result
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from model_registry.backends.base import Packed
-from model_registry.backends.packed import last
+from model_registry.backends.torch.packed import last
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from model_registry.adapters.dense import TextEncoder, as_tensor
 from model_registry.adapters.text import pad
 from model_registry.backends.base import EncoderBatch, Task
 from model_registry.backends.weights import from_pretrained_checked
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
 from model_registry.errors import InputTooLong, UnsupportedOperation
 from model_registry.types import Capability, ClassifyItem, Item, Kind, Labels, PairItem, Prepared, Result, Score
 

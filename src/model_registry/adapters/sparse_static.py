@@ -19,7 +19,7 @@ import numpy as np
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.items import embed_item
 from model_registry.adapters.static import ENGINE, encode_ids, given_ids, refused_settings
-from model_registry.detect import Layout, read_json
+from model_registry.detection.layout import Layout, read_json
 from model_registry.errors import ConfigError, InputTooLong, InvalidInput, ModelUnavailable
 from model_registry.types import (
     Capability,

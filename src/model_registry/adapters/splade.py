@@ -20,7 +20,7 @@ from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextBatch, TextEncoder, as_tensor
 from model_registry.adapters.items import embed_item
 from model_registry.backends.base import Packed, Task
-from model_registry.detect import Layout, read_json
+from model_registry.detection.layout import Layout, read_json
 from model_registry.errors import ConfigError
 from model_registry.types import Capability, Embedding, Item, Kind, Output, Prepared, Result, SparseVector
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.items import embed_item
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
 from model_registry.errors import InputTooLong, InvalidInput, ModelUnavailable
 from model_registry.types import Capability, Embedding, EmbedItem, Item, Kind, Output, Prepared, Result, Text, TokenIds
 

@@ -16,11 +16,11 @@ import torch
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.text import pad
-from model_registry.backends import torch as backend
+from model_registry.backends.torch import engine as backend
 from model_registry.backends.weights import from_pretrained_checked
-from model_registry.decoding import media_of
-from model_registry.detect import Layout
+from model_registry.detection.layout import Layout
 from model_registry.errors import InvalidInput, UnsupportedOperation
+from model_registry.media.decoding import media_of
 from model_registry.types import (
     Embedding,
     EmbedItem,

@@ -14,7 +14,7 @@ reverse.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -24,8 +24,46 @@ import numpy as np
 #: a masked-LM's vocabulary logits, or a causal LM's logits of a few vocabulary rows (`rows`) at
 #: each sequence's last real token.
 Task = Literal["feature-extraction", "sequence-classification", "masked-lm", "causal-lm"]
-BACKENDS = ("torch", "onnx", "ctranslate2")
-QUANTIZE = ("none", "int8", "fp8")
+#: Where `auto`'s measured standing applies: (host, precision), as `choice.host_kind` and
+#: `choice.precision_of` name them: ("cpu/avx2", "fp32"), ("cuda", "float16"), ("cpu", "int8"), ...
+Where = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine is, declared by its package (`backends/<name>/__init__.py`) without importing
+    it: the support matrix, the start-up checks and `auto`'s choice are read from these."""
+
+    name: str
+    #: As the docs name it ("ONNX Runtime").
+    title: str
+    #: "module:Class" of its `Engine`, imported when a model loads on it.
+    implementation: str
+    #: The project's extra that installs it, and the module whose presence says it is installed.
+    extra: str
+    probe: str
+    dtypes: frozenset[str]
+    quantize: frozenset[str] = frozenset({"none"})
+    #: The kinds it serves (None: every kind).
+    kinds: frozenset[str] | None = None
+    #: The `model_type`s it runs (None: every one, by the model's own code).
+    architectures: frozenset[str] | None = None
+    #: Architectures it runs as some kinds only, as far as the parity tests cover them.
+    only: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: Architectures it cannot run on CUDA, and why.
+    not_on_cuda: dict[str, str] = field(default_factory=dict)
+    #: Converts a model by its `model_type` into its own implementation, so a checkpoint run by code
+    #: of its own (`auto_map`) would lose that code.
+    converts: bool = False
+    #: On CUDA, the distribution and extra it needs instead of `extra`'s (a GPU build), if any.
+    cuda_build: tuple[str, str] | None = None
+    #: Its measured standing for `auto`: per (host, precision), its place among the engines tried
+    #: (1 first); None where it was measured and is not tried. Torch, which serves every model,
+    #: comes after them all and declares none.
+    fastest: dict[Where, int | None] = field(default_factory=dict)
+    #: Architectures measured on their own: per (host, precision), its place or None, in place of
+    #: `fastest`'s rows; a host or precision not measured for the architecture runs it on torch.
+    fastest_for: dict[str, dict[Where, int | None]] = field(default_factory=dict)
 
 
 #: The input of a graph that selects the batch's task adapter (`EncoderBatch.task_id`), and the
@@ -62,7 +100,7 @@ class EncoderBatch:
     `output_mask` (batch, tokens), where given, marks the positions whose outputs the adapter reads
     when they reach beyond the attention mask: ColBERT's query expansion tokens, which the
     attention does not see but which each yield a vector. None: the attention mask's positions.
-    `task_id`, where the model's graph takes one, selects its task adapter (`backends/lora.py`)."""
+    `task_id`, where the model's graph takes one, selects its task adapter (`backends/torch/lora.py`)."""
 
     input_ids: np.ndarray
     attention_mask: np.ndarray

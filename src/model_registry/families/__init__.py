@@ -1,7 +1,7 @@
 """The model families: each module of this package declares one `Family` as `FAMILY`, and so may
 an installed package, through the `model_registry.families` entry point group.
 
-Everything else that knows families reads them here: detection (`detect_rules`), the adapter a
+Everything else that knows families reads them here: detection (`detection.rules`), the adapter a
 layout gets and what a kind can do (`adapters`), and the docs' family table. Adding a family is
 one module: its declaration and its adapter (docs/families.md).
 """
@@ -34,7 +34,8 @@ __all__ = [
 #: Installed packages declare families of their own under this entry point group, each entry
 #: naming a module with a `FAMILY`.
 ENTRY_POINTS = "model_registry.families"
-_NOT_FAMILIES = frozenset({"base"})
+#: The package's modules that are not families: the declarations' types, transformers' ports of hub-code families.
+_NOT_FAMILIES = frozenset({"base", "ports"})
 
 
 def _family_of(found: object, where: str) -> Family:

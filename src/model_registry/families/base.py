@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from model_registry.detect_zoo import remote_classes
 from model_registry.types import Capability, Kind
+from model_registry.zoo.files import remote_classes
 
 Stage = Literal["layout", "code", "kind", "family"]
 STAGES: tuple[Stage, ...] = ("layout", "code", "kind", "family")
@@ -74,7 +74,7 @@ class Rule:
     kind: Kind | Callable[[Facts], Kind] | None = None
     family: str | None = None
     remote: bool | None = None
-    #: Code stage: transformers' native port runs the model (`native_ports`).
+    #: Code stage: transformers' native port runs the model (`families.ports`).
     port: bool = False
     note: Callable[[Facts], str] | None = None
     refusal: Callable[[Facts], str] | None = None

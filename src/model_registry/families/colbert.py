@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from model_registry.detect_zoo import is_pylate
 from model_registry.families.base import Family, Rule
 from model_registry.types import Capability, Kind
+from model_registry.zoo.files import is_pylate
 
 FAMILY = Family(
     name="colbert",

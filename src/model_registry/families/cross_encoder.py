@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from model_registry.detect_zoo import label_count
 from model_registry.families.base import Facts, Family, Rule
 from model_registry.types import Capability, Kind
+from model_registry.zoo.files import label_count
 
 
 def sequence_classification(facts: Facts) -> bool:

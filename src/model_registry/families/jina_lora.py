@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from model_registry.families.base import Facts, Family, Rule
-from model_registry.native_ports import is_jina_lora, jina_port, unapplied_adapters
+from model_registry.families.ports import is_jina_lora, jina_port, unapplied_adapters
 from model_registry.types import Capability, Kind
 
 

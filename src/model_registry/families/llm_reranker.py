@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from model_registry.detect_zoo import is_causal_lm, reranker_chat_template
 from model_registry.families.base import Facts, Family, Rule
 from model_registry.types import Capability, Kind
+from model_registry.zoo.files import is_causal_lm, reranker_chat_template
 
 
 def _llm_reranker(facts: Facts) -> bool:

@@ -12,7 +12,7 @@ FAMILY = Family(
     capabilities=frozenset({Capability.EMBED_TEXT, Capability.EMBED_IMAGE}),
     summary="open_clip checkpoints (LAION, DFN, MobileCLIP, SigLIP in open_clip's layout)",
     reference="open_clip `create_model_and_transforms`, `encode_text`, `encode_image`",
-    layout="model_registry.detect:open_clip_layout",
+    layout="model_registry.detection.layout:open_clip_layout",
     rules=(
         Rule(
             "open-clip",

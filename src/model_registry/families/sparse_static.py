@@ -29,7 +29,7 @@ FAMILY = Family(
     reference="sentence-transformers `SparseEncoder.encode_query`",
     engineless=True,
     engines=(),
-    layout="model_registry.detect:sparse_static_layout",
+    layout="model_registry.detection.layout:sparse_static_layout",
     rules=(
         Rule(
             "sparse-static-not-sparse",

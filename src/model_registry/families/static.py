@@ -31,7 +31,7 @@ FAMILY = Family(
     reference="model2vec `StaticModel.encode`; sentence-transformers `SentenceTransformer.encode`",
     engineless=True,
     engines=(),
-    layout="model_registry.detect:static_layout",
+    layout="model_registry.detection.layout:static_layout",
     rules=(
         Rule(
             "static-not-dense",

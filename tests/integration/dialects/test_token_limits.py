@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from model_registry.sources import resolve_source
+from model_registry.zoo.sources import resolve_source
 from tests.conftest import LiveServer
 from tests.integration.dialects.conftest import MINILM
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_registry.catalogue import RECORDS
+from model_registry.zoo.catalogue import RECORDS
 from tests.builders.catalogue import tiny_embeddinggemma, tiny_gte_modernbert, tiny_modernbert_embedder, tiny_nomic
 from tests.builders.gte import tiny_gte_multilingual
 from tests.builders.hub import lay_out_cache
@@ -105,8 +105,8 @@ def test_every_record_has_a_layout_here() -> None:
 @pytest.mark.parametrize("model_id", sorted(LAYOUTS))
 def test_a_published_id_is_detected_as_its_record_says(hub: Callable[[str, Builder], Path], model_id: str) -> None:
     from model_registry.config import ModelSpec
-    from model_registry.detect import detect
-    from model_registry.sources import resolve_source
+    from model_registry.detection.layout import detect
+    from model_registry.zoo.sources import resolve_source
 
     hub(model_id, LAYOUTS[model_id])
     spec = ModelSpec(name="m", source=model_id)

@@ -60,7 +60,7 @@ def test_transformers_port_reads_the_published_layout_as_it_was_built(published:
     from transformers import AutoModel, AutoTokenizer
 
     from model_registry.config import ModelSpec
-    from model_registry.detect import detect
+    from model_registry.detection.layout import detect
 
     layout = detect(published, ModelSpec(name="gte", source=str(published)))
     assert (layout.kind.value, layout.model_type, layout.pooling, layout.normalize) == ("dense", "gte", "cls", True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from model_registry import InvalidInput, UnsupportedOperation
-from model_registry.ranking import PUBLISHED_WEIGHTS, hybrid_weights
+from model_registry.tasks.rerank import PUBLISHED_WEIGHTS, hybrid_weights
 from model_registry.types import Capability, Output
 from tests.builders.zoo import tiny_bge_m3
 

@@ -70,7 +70,7 @@ def embed(client: Any, inputs: list[str], **options: Any) -> np.ndarray:
 def test_detection_lays_out_the_port_s_view_without_reading_the_weights(published: Path, engine_cache: Path) -> None:
     """Listing models detects them on the event loop: the weights are split at the first load only."""
     from model_registry.config import ModelSpec
-    from model_registry.detect import detect
+    from model_registry.detection.layout import detect
 
     layout = detect(published, ModelSpec(name="jina", source=str(published)))
     assert layout.family == "jina_lora"
@@ -299,7 +299,7 @@ def test_ctranslate2_is_refused_at_start_naming_the_engines_that_run_it(publishe
 def test_the_view_leaves_the_checkpoint_s_own_onnx_graphs_out(tmp_path: Path) -> None:
     """Published graphs select tasks by their own convention; ONNX Runtime runs an export of the view."""
     from model_registry.config import ModelSpec
-    from model_registry.detect import detect
+    from model_registry.detection.layout import detect
 
     directory = tiny_jina_v3(tmp_path / "jina")
     (directory / "onnx").mkdir()
@@ -316,9 +316,9 @@ def test_a_graph_that_does_not_take_the_task_is_refused_not_served_on_its_base(
     from model_registry.adapters.base import LoadOptions
     from model_registry.adapters.dense import DenseAdapter
     from model_registry.adapters.jina_lora import JinaLoraAdapter
-    from model_registry.backends.onnx import OnnxEngine
+    from model_registry.backends.onnx.engine import OnnxEngine
     from model_registry.config import ModelSpec
-    from model_registry.detect import detect
+    from model_registry.detection.layout import detect
     from model_registry.errors import ModelUnavailable
 
     graph = OnnxEngine()

@@ -355,9 +355,9 @@ def test_qwen3_embedding_with_its_modules_is_still_a_dense_embedder(serve: Any, 
 def test_an_instruction_is_held_to_max_input_chars_and_priced(serve: Any, qwen3_dir: Path) -> None:
     """An instruction is a text like any other: over `max_input_chars` a 400 before any work, and
     counted in the pair's price, so a long one is tokenized off the event loop."""
-    from model_registry.admission import price, tokenizing_price
+    from model_registry.runtime.admission import price, tokenizing_price
+    from model_registry.runtime.worker import INLINE_COST
     from model_registry.types import PairItem
-    from model_registry.worker import INLINE_COST
 
     live = serve({"max_input_chars": 2000, "models": [entry(qwen3_dir)]})
     body = {"model": "llm", "query": QUERY, "documents": DOCUMENTS[:2]}

@@ -150,7 +150,7 @@ def test_a_family_with_a_native_port_runs_transformers_code_without_trust(
     """nomic-embed-text-v1.5 names hub code in auto_map, jina-embeddings-v3-hf none: transformers'
     own port serves each, and /models says so."""
     from model_registry.config import ModelSpec
-    from model_registry.detect import detect
+    from model_registry.detection.layout import detect
 
     config: dict[str, Any] = {"model_type": model_type, "architectures": [architecture]}
     if auto_map:
@@ -166,8 +166,8 @@ def test_trusted_code_of_another_repository_is_found_in_the_local_hub_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """jina-embeddings-v3's auto_map points into jinaai/xlm-roberta-flash-implementation: cached, it passes."""
-    from model_registry.detect_zoo import check_remote_code
     from model_registry.errors import ModelUnavailable
+    from model_registry.zoo.files import check_remote_code
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     reference = f"org/implementation--{CLASS}"

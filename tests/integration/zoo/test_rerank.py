@@ -141,7 +141,7 @@ def test_query_is_kept_whole_when_the_document_is_cut(reranker_dir: Path) -> Non
     from model_registry.adapters.base import LoadOptions
     from model_registry.adapters.sequence import RerankerAdapter
     from model_registry.config import ModelSpec
-    from model_registry.detect import detect
+    from model_registry.detection.layout import detect
     from model_registry.types import PairItem
 
     adapter = RerankerAdapter(detect(reranker_dir, ModelSpec(name="ce", source=str(reranker_dir))))

@@ -321,8 +321,8 @@ async def test_an_idle_small_request_computes_on_the_event_loop_and_is_counted(
     import threading
 
     from model_registry.adapters.static import StaticAdapter
+    from model_registry.runtime.worker import INLINE_COST, BatchStats
     from model_registry.types import Embedding
-    from model_registry.worker import INLINE_COST, BatchStats
 
     threads: list[str] = []
     forward = StaticAdapter.forward
