@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from model_registry.errors import BatchFailed, ModelUnavailable
+from model_registry.runtime import worker as worker_module
 from model_registry.runtime.batching import Request
 from model_registry.runtime.worker import BatchStats, Worker
 from model_registry.types import Score
@@ -138,11 +139,26 @@ def test_a_prefetched_batch_whose_request_was_cancelled_is_not_run(bench: Bench)
     assert not gone.finished
 
 
+class _Clock:
+    """The `time` module as the worker sees it, with a `perf_counter` the test moves forward."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.ahead
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def test_an_idle_spell_after_the_waiting_work_was_cancelled_is_not_counted_as_serving(
     monkeypatch: pytest.MonkeyPatch, bench: Bench
 ) -> None:
     """A batch ended with work waiting, which was then cancelled: the next batch, a second later,
     is timed by its own stages, not from the end of the one before the idle second."""
+    clock = _Clock()
+    monkeypatch.setattr(worker_module, "time", clock)
     recorded: list[float] = []
     record = bench.queue.record
 
@@ -150,12 +166,24 @@ def test_an_idle_spell_after_the_waiting_work_was_cancelled_is_not_counted_as_se
         recorded.append(seconds)
         record(cost, seconds)
 
+    idle_polls: list[float] = []
+    take = bench.queue.next_batch
+
+    def watched(timeout: float | None = None, **options: Any) -> Any:
+        batch = take(timeout, **options)
+        if batch is None:
+            idle_polls.append(timeout or 0.0)
+        return batch
+
     monkeypatch.setattr(bench.queue, "record", recording)
+    monkeypatch.setattr(bench.queue, "next_batch", watched)
     bench.hold_in_forward(1.0)
     bench.prefetch(2.0).cancel()
     bench.forward.release()
     bench.outcomes.next()
-    time.sleep(1.0)
+    clock.ahead += 1.0  # an idle second on the worker's clock, and one idle poll of the queue
+    polls = len(idle_polls)
+    eventually(lambda: len(idle_polls), lambda count: count > polls)
     bench.hold_in_forward(3.0)
     bench.forward.release()
     bench.outcomes.next()
