@@ -82,6 +82,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.model_latency = Histogram(
+            "infinity_model_request_seconds",
+            "HTTP request latency by each model the request ran and its route",
+            ["model", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.batches = Counter("infinity_batches", "Batches run", ["model", "outcome"], registry=self.registry)
         self.batch_items = Counter("infinity_batch_items", "Items run in batches", ["model"], registry=self.registry)
         self.batch_tokens = Counter("infinity_batch_tokens", "Real tokens run", ["model"], registry=self.registry)
@@ -135,6 +142,18 @@ class Metrics:
         self.footprint = Gauge(
             "infinity_model_footprint_bytes", "Bytes a loaded model holds", ["model"], registry=self.registry
         )
+        self.device_budget = Gauge(
+            "infinity_device_memory_budget_bytes",
+            "The memory budget models may hold on a device",
+            ["device"],
+            registry=self.registry,
+        )
+        self.device_charged = Gauge(
+            "infinity_device_memory_charged_bytes",
+            "Bytes charged to a device's budget: loaded models and loads under way",
+            ["device"],
+            registry=self.registry,
+        )
 
         self.cache_lookups = Counter(
             "infinity_cache_lookups",
@@ -174,6 +193,11 @@ class Metrics:
             for stage, seconds in stage_seconds(times).items():
                 self.stage_seconds.labels(times.model, stage).observe(seconds)
 
+    def on_request(self, route: str, stages: Iterable[StageTimes], seconds: float) -> None:
+        """A finished request's latency, once per model it ran (a configured name: bounded labels)."""
+        for model in sorted({times.model for times in stages}):
+            self.model_latency.labels(model, route).observe(seconds)
+
     def on_cache(self, lookups: Iterable[Lookup]) -> None:
         for lookup in lookups:
             self.cache_lookups.labels(lookup.model, "hit").inc(lookup.hits)
@@ -196,6 +220,9 @@ class Metrics:
             self.queue_depth.labels(info.name).set(info.queue_depth)
             self.queue_tokens.labels(info.name).set(info.queue_tokens)
             self.loaded.labels(info.name).set(1 if info.state.value == "loaded" else 0)
+        for usage in engine.memory():
+            self.device_budget.labels(usage.device).set(usage.budget)
+            self.device_charged.labels(usage.device).set(usage.charged)
         return generate_latest(self.registry)
 
 

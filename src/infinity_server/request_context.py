@@ -117,6 +117,9 @@ class RequestContext:
                 REQUEST_ID.reset(token)
 
     def _finish(self, scope: Scope, stages: list[StageTimes], status: int, span: Any, seconds: float) -> None:
+        route = getattr(scope.get("route"), "path", None)
+        if stages:
+            self.metrics.on_request(route or "unmatched", stages, seconds)
         if span is not None and self.tracing is not None:
             self.tracing.finish(span, scope, stages, status, time.time())
         if self.access_log:
@@ -124,7 +127,7 @@ class RequestContext:
                 "request_id": scope["state"]["request_id"],
                 "method": scope["method"],
                 "path": scope["path"],
-                "route": getattr(scope.get("route"), "path", None),
+                "route": route,
                 "status": status,
                 "ms": round(seconds * 1000, 3),
                 "key": scope.get("state", {}).get("key_name"),

@@ -34,7 +34,7 @@ from tests.deploy.chart import (
 )
 
 VALUES = example_values()
-CRDS = {"monitoring.coreos.com/v1": {"ServiceMonitor"}, "gateway.networking.k8s.io/v1": {"HTTPRoute"}}
+CRDS = {"monitoring.coreos.com/v1": {"ServiceMonitor", "PrometheusRule"}, "gateway.networking.k8s.io/v1": {"HTTPRoute"}}
 SCOPES = {"inference", "admin", "metrics", "priority"}
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
@@ -59,6 +59,8 @@ def group_configs(objects: Rendered, tmp_path: Path) -> dict[str, Settings]:
     """Each group's models.yaml, loaded by the server's own settings loader (no environment)."""
     configs = {}
     for config_map in objects.of_kind("ConfigMap"):
+        if "models.yaml" not in config_map["data"]:  # the dashboard's
+            continue
         path = tmp_path / f"{config_map['metadata']['name']}.yaml"
         path.write_text(config_map["data"]["models.yaml"])
         configs[config_map["metadata"]["name"]] = load_settings(path, environ={})

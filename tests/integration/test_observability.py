@@ -185,3 +185,23 @@ def test_tracing_on_without_an_sdk_provider_serves_as_usual(serve: Any) -> None:
     assert response.status_code == 200
     assert "traceparent" not in response.headers
     assert "x-inference-time" in response.headers
+
+
+def test_latency_per_model_and_device_memory_are_exported(serve: Any) -> None:
+    server = serve({"models": [fake(delay=0, footprint=4096)]}, admin_routes=True)
+    with server.client() as client:
+        for texts in (["a"], ["b", "c"]):
+            assert embed(client, texts).status_code == 200
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        memory = client.get("/v1/memory").json()["devices"]
+    counts = {
+        (s.labels["model"], s.labels["route"]): s.value
+        for s in families["infinity_model_request_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert counts[("fake", "/v1/embeddings")] == 2
+    budgets = {s.labels["device"]: s.value for s in families["infinity_device_memory_budget_bytes"].samples}
+    charged = {s.labels["device"]: s.value for s in families["infinity_device_memory_charged_bytes"].samples}
+    assert budgets == {d["device"]: d["budget_bytes"] for d in memory}
+    assert charged == {d["device"]: d["charged_bytes"] for d in memory}
+    assert charged["cpu"] >= 4096  # the fake model's declared footprint
