@@ -247,12 +247,14 @@ def qwen_tokenizer() -> object:
     return tokenizer
 
 
-def tiny_colqwen2(root: Path, *, seed: int = 0) -> Path:
-    """ColQwen2ForRetrieval on a 2-layer Qwen2-VL; pages up to 56x112 px, so their token counts vary."""
+def tiny_colqwen2(root: Path, *, seed: int = 0, backbone: str = "qwen2_vl") -> Path:
+    """ColQwen2ForRetrieval on a 2-layer Qwen2-VL (or, `backbone="qwen2_5_vl"`, Qwen2.5-VL: ColQwen2.5's
+    layout); pages up to 56x112 px, so their token counts vary."""
     from transformers import (
         ColQwen2Config,
         ColQwen2ForRetrieval,
         ColQwen2Processor,
+        Qwen2_5_VLConfig,
         Qwen2VLConfig,
         Qwen2VLImageProcessor,
     )
@@ -274,7 +276,11 @@ def tiny_colqwen2(root: Path, *, seed: int = 0) -> Path:
         "bos_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
     }
-    vision = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}
+    vision: dict[str, Any] = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2}
+    vision["patch_size"] = 14
+    if backbone == "qwen2_5_vl":  # window attention in all but the last block, an MLP merger
+        vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14}
+        vision |= {"out_hidden_size": 32, "window_size": 56, "fullatt_block_indexes": [1]}
     tokens = {
         "image_token_id": "<|image_pad|>",
         "video_token_id": "<|video_pad|>",
@@ -282,7 +288,8 @@ def tiny_colqwen2(root: Path, *, seed: int = 0) -> Path:
         "vision_end_token_id": "<|vision_end|>",
     }
     ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items()}
-    vlm = Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+    config = Qwen2_5_VLConfig if backbone == "qwen2_5_vl" else Qwen2VLConfig
+    vlm = config(text_config=text, vision_config=vision, **ids)
     ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm.to_dict(), embedding_dim=16)).eval().save_pretrained(root)
     processor.save_pretrained(root)
     return root

@@ -33,6 +33,7 @@ def build_models(root: Path) -> dict[str, Path]:
         "clap": tiny_clap(root / "clap"),
         "colpali": tiny_colpali(root / "colpali"),
         "colqwen2": tiny_colqwen2(root / "colqwen2"),
+        "colqwen2.5": tiny_colqwen2(root / "colqwen2.5", backbone="qwen2_5_vl"),
         "colmodernvbert": tiny_colmodernvbert(root / "colmodernvbert"),
     }
 

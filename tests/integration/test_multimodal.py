@@ -206,7 +206,7 @@ def multivectors(response: httpx.Response) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("model", ["colpali", "colqwen2", "colmodernvbert"])
+@pytest.mark.parametrize("model", ["colpali", "colqwen2", "colqwen2.5", "colmodernvbert"])
 def test_page_model_parity_with_transformers(
     client: httpx.Client, models: dict[str, Path], data_dir: Path, model: str
 ) -> None:
@@ -321,7 +321,7 @@ def test_audio_batched_equals_single(client: httpx.Client, data_dir: Path) -> No
     np.testing.assert_allclose(batched, single, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", ["colpali", "colqwen2", "colmodernvbert"])
+@pytest.mark.parametrize("model", ["colpali", "colqwen2", "colqwen2.5", "colmodernvbert"])
 def test_pages_batched_equal_single(client: httpx.Client, data_dir: Path, model: str) -> None:
     pages = photo_variants(data_dir)
     batched = multivectors(upload(client, model, [(f"{i}.png", p) for i, p in enumerate(pages)], output="multivector"))

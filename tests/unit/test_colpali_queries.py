@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,8 +25,8 @@ def loaded(path: Path, **spec: object) -> Adapter:
 
 @pytest.fixture(
     scope="module",
-    params=[tiny_colpali, tiny_colqwen2, tiny_colmodernvbert],
-    ids=["colpali", "colqwen2", "colmodernvbert"],
+    params=[tiny_colpali, tiny_colqwen2, functools.partial(tiny_colqwen2, backbone="qwen2_5_vl"), tiny_colmodernvbert],
+    ids=["colpali", "colqwen2", "colqwen2.5", "colmodernvbert"],
 )
 def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     build: Builder = request.param

@@ -95,6 +95,10 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"modules.json": [{**STATIC, "type": SPARSE_STATIC}]}),
         Case({"modules.json": [STATIC]}),
     ),
+    "peft-adapter-only": (
+        Case({"adapter_config.json": {"peft_type": "LORA", "base_model_name_or_path": "vidore/colqwen2.5-base"}}),
+        Case({"adapter_config.json": {"peft_type": "LORA"}, "config.json": BERT}),
+    ),
     "no-config": (Case({"tokenizer.json": {}}), Case({"config.json": BERT})),
     "vision-language": (
         Case({"config.json": QWEN3_VL, **POOLED}, {"kind": "dense"}),
