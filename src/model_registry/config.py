@@ -17,6 +17,8 @@ from model_registry.errors import ConfigError
 from model_registry.types import Kind, MediaLimits
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_MAX_ADAPTERS = 64
 _BUDGET = re.compile(r"^\s*(\d+(\.\d+)?)\s*(%|b|kb|mb|gb|kib|mib|gib|tib)?\s*$", re.IGNORECASE)
 _UNITS = {
     "b": 1,
@@ -87,6 +89,9 @@ class ModelSpec(_Frozen):
     trust_remote_code: bool = False
     keep_alive: float | None = Field(default=None, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
+    #: LoRA adapters in PEFT's format (name -> directory) that a request names (`adapter`) to run
+    #: this dense model with; batches never mix adapters. Torch only.
+    adapters: dict[str, str] | None = None
     #: Off unless set: a cache of this model's results, keyed by its files and the inputs.
     cache: CacheSpec | None = None
     #: Models with more than one output (BGE-M3): the default weights of a hybrid rerank's parts.
@@ -164,6 +169,33 @@ class ModelSpec(_Frozen):
                 f"model '{self.name}': cuda_graphs: true captures the torch engine, not backend: {self.backend}; "
                 "set backend: torch, or cuda_graphs: auto"
             )
+        return self
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return None
+        if not value or len(value) > _MAX_ADAPTERS:
+            raise ValueError(f"expected 1 to {_MAX_ADAPTERS} adapters, name -> directory")
+        for name, path in value.items():
+            if not _ADAPTER_NAME.match(name):
+                raise ValueError(f"adapter name '{name}': use letters, digits, '.', '_' or '-' (at most 64)")
+            if not path.strip():
+                raise ValueError(f"adapter '{name}': an empty directory")
+        return value
+
+    @model_validator(mode="after")
+    def _adapters_engine(self) -> ModelSpec:
+        if self.adapters is None:
+            return self
+        if self.backend not in ("torch", "auto"):
+            raise ValueError(
+                f"model '{self.name}': adapters run on backend: torch, which applies each batch's adapter; "
+                f"not backend: {self.backend}"
+            )
+        if self.quantize != "none":
+            raise ValueError(f"model '{self.name}': adapters run on unquantized weights; set quantize: none")
         return self
 
     @field_validator("name")

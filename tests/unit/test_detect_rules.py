@@ -100,6 +100,14 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"adapter_config.json": {"peft_type": "LORA"}, "config.json": BERT}),
     ),
     "no-config": (Case({"tokenizer.json": {}}), Case({"config.json": BERT})),
+    "adapters-elsewhere": (
+        Case({"config.json": BERT}, {"kind": "sparse", "adapters": {"legal": "/adapters/legal"}}),
+        Case({"config.json": BERT}, {"adapters": {"legal": "/adapters/legal"}}),
+    ),
+    "peft-adapters": (
+        Case({"config.json": BERT}, {"adapters": {"legal": "/adapters/legal"}}),
+        Case({"config.json": BERT}),
+    ),
     "vision-language": (
         Case({"config.json": QWEN3_VL, **POOLED}, {"kind": "dense"}),
         Case({"config.json": {**QWEN3_VL, "model_type": "siglip", "architectures": ["SiglipModel"]}}),
@@ -210,6 +218,7 @@ DECIDES: dict[str, Kind | str | bool] = {
     "media": Kind.AUDIO_TEXT,
     "dense": Kind.DENSE,
     "jina-lora": "jina_lora",
+    "peft-adapters": "peft_lora",
     "siglip2-naflex": "naflex",
     "llm-reranker": "llm_reranker",
 }

@@ -29,7 +29,8 @@ ORDER = [
     *("remote-code-offline", "remote-code"),
     *("bge-m3", "colbert-ai", "pylate", "splade", "cross-encoder", "classifier", "llm-reranker-template"),
     *("media", "causal-lm-without-pooling", "seq2seq-without-pooling", "bare-masked-lm", "dense"),
-    *("rerank-keys-elsewhere", "jina-lora-not-dense", "jina-lora", "siglip2-naflex", "llm-reranker"),
+    *("adapters-elsewhere", "rerank-keys-elsewhere", "jina-lora-not-dense", "jina-lora", "peft-adapters"),
+    *("siglip2-naflex", "llm-reranker"),
 ]
 
 

@@ -313,3 +313,26 @@ def test_a_reload_reads_no_weights_again_but_a_file_rewritten_in_place_is_read_a
     cache_keys._digests.clear()
     identity_of(root)  # three files read, two remembered: the memo is bounded
     assert len(cache_keys._digests) == 2
+
+
+def test_the_identity_hashes_each_adapters_files_not_where_they_are(tmp_path: Path) -> None:
+    root = weighted_model(tmp_path / "model")
+
+    def adapter_dir(where: Path, weights: bytes) -> Path:
+        where.mkdir(parents=True)
+        (where / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+        (where / "adapter_model.safetensors").write_bytes(weights)
+        return where
+
+    def identity(**adapters: Path) -> str:
+        listed = {k: str(v) for k, v in adapters.items()} or None
+        spec = ModelSpec(name="m", source=str(root), adapters=listed)
+        return model_identity(spec, FakeAdapter({}))
+
+    first, moved = adapter_dir(tmp_path / "a", b"\x01" * 32), adapter_dir(tmp_path / "b", b"\x01" * 32)
+    assert identity(legal=first) == identity(legal=moved)  # the same files elsewhere
+    assert identity(legal=first) != identity(medical=first)  # another name a request chooses by
+    before = identity(legal=first)
+    (first / "adapter_model.safetensors").write_bytes(b"\x02" * 32)  # retrained, same size
+    assert identity(legal=first) != before
+    assert identity() not in (before, identity(legal=first))

@@ -57,7 +57,7 @@ async def encode(request: Request, body: EncodeRequest) -> Vectors[EncodeRespons
             inputs,
             outputs=body.outputs,
             prompt_name=body.prompt_name,
-            task=body.task,
+            task=body.chosen_adapter(),
             truncate=body.truncate,
             output_limit=output_limit(limit, body.embedding_type, body.encoding_format),
             priority=body.priority,

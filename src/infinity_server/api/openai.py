@@ -80,7 +80,7 @@ async def embeddings(request: Request, body: EmbeddingRequest) -> Vectors[Embedd
             body.model,
             inputs,
             prompt_name=body.prompt_name,
-            task=body.task,
+            task=body.chosen_adapter(),
             priority=body.priority,
             long_inputs=body.long_inputs,
             spans=body.spans,

@@ -140,6 +140,23 @@ class ModelOptions(EngineOptions):
     model: Name
 
 
+class AdapterChoice(Body):
+    """`adapter`: one of the LoRA adapters the model's entry lists (`adapters`); `task`: the same
+    choice by jina-embeddings-v3's word for its adapters (retrieval.query, retrieval.passage, ...)."""
+
+    adapter: OptionalName = None
+    task: OptionalName = None
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> AdapterChoice:
+        if self.adapter is not None and self.task is not None and self.adapter != self.task:
+            raise ValueError("'adapter' and 'task' choose the same thing, the model's adapter; send one")
+        return self
+
+    def chosen_adapter(self) -> str | None:
+        return self.adapter if self.adapter is not None else self.task
+
+
 def fields_only_in(data: Mapping[str, Any], model: type[Body], other: type[Body]) -> list[str]:
     """The fields `data` sets (not null) that `model` declares and `other` does not: on a path two
     dialects serve with the same core fields, these tell `model`'s body from `other`'s."""

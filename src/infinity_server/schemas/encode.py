@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictBool, StrictStr
 
 from infinity_server.encoding import EmbeddingType, EncodingFormat
-from infinity_server.schemas.common import ModelOptions, OptionalName, media_strings, one_or_many
+from infinity_server.schemas.common import AdapterChoice, ModelOptions, OptionalName, media_strings, one_or_many
 
 OutputName = Literal["dense", "sparse", "multivector"]
 
@@ -16,7 +16,7 @@ def _dense_only() -> list[OutputName]:
     return ["dense"]
 
 
-class EncodeRequest(ModelOptions):
+class EncodeRequest(ModelOptions, AdapterChoice):
     """Texts, or with `modality: image | audio` URLs or data URIs (ColPali pages, CLIP photos)."""
 
     model_config = ModelOptions.model_config | {"extra": "forbid"}
@@ -26,8 +26,6 @@ class EncodeRequest(ModelOptions):
     outputs: list[OutputName] = Field(default_factory=_dense_only, min_length=1, max_length=8)
     # "query" encodes queries (ColBERT query augmentation, query prompts); documents otherwise.
     prompt_name: OptionalName = None
-    # The task adapter of a model that has them (jina-embeddings-v3: retrieval.query, retrieval.passage, ...).
-    task: OptionalName = None
     return_tokens: StrictBool = False
     encoding_format: EncodingFormat = "float"
     embedding_type: EmbeddingType = "float32"

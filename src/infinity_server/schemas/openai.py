@@ -8,6 +8,7 @@ from pydantic import Field, StrictInt, StrictStr
 
 from infinity_server.encoding import EmbeddingType, EncodingFormat
 from infinity_server.schemas.common import (
+    AdapterChoice,
     Dimensions,
     InfinityDimensions,
     ModelOptions,
@@ -29,7 +30,7 @@ def input_list(value: str | list[str] | list[int] | list[list[int]]) -> list[str
     return value  # type: ignore[return-value]
 
 
-class EmbeddingRequest(ModelOptions, PromptTokenLimit):
+class EmbeddingRequest(ModelOptions, PromptTokenLimit, AdapterChoice):
     """`POST /v1/embeddings`, plus this server's extensions and vLLM's `truncate_prompt_tokens`.
 
     A `null` optional field means its default (litellm and dspy send `"encoding_format": null`)."""
@@ -42,8 +43,6 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit):
     modality: Literal["text", "image", "audio"] = "text"
     # Extensions.
     prompt_name: OptionalName = None
-    # The task adapter of a model that has them (jina-embeddings-v3: retrieval.query, retrieval.passage, ...).
-    task: OptionalName = None
     embedding_type: EmbeddingType = "float32"
     # An input longer than the model's length without truncation: refused, windowed, or read whole.
     long_inputs: Literal["error", "chunk", "late"] = "error"

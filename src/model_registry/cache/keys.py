@@ -54,7 +54,17 @@ def model_identity(spec: ModelSpec, adapter: Adapter) -> str:
     except ModelUnavailable:  # a model without files (the fake one): its settings are all it is
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
     del settings["source"], settings["revision"]  # the files say what the model is, wherever they are
+    adapters = settings.pop("adapters") or {}
+    settings["adapters"] = sorted(adapters)  # each adapter by its name and its files
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    _digest_files(digest, directory)
+    for name in sorted(adapters):
+        digest.update(f"adapter {len(name)}:{name}:".encode())
+        _digest_files(digest, Path(adapters[name]).expanduser())
+    return digest.hexdigest()
+
+
+def _digest_files(digest: Any, directory: Path) -> None:
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         relative = path.relative_to(directory)
         if relative.parts[0].startswith("."):
@@ -64,7 +74,6 @@ def model_identity(spec: ModelSpec, adapter: Adapter) -> str:
         digest.update(f"{len(name)}:{name}{status.st_size}:".encode())
         if status.st_size <= _SMALL_FILE or path.name.endswith(_WEIGHTS):
             digest.update(_file_digest(path, status))
-    return digest.hexdigest()
 
 
 def _file_digest(path: Path, status: os.stat_result) -> bytes:

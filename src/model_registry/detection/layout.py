@@ -106,6 +106,8 @@ class Layout:
     config: dict[str, Any] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    #: The entry's PEFT adapters: name -> directory (the `peft_lora` family).
+    adapters: dict[str, str] = field(default_factory=dict)
     #: A causal LM served as a reranker: its prompt and scoring tokens (see `zoo.rerank_templates`).
     rerank_prompt: RerankPrompt | None = None
     #: The checkpoint's own code runs (`trust_remote_code: true` and the code is here).
@@ -358,6 +360,7 @@ def _entry_settings(
         "default_prompt_name": spec.default_prompt_name or st_extra.get("default_prompt_name"),
         "query_prompt_name": spec.query_prompt_name or ("query" if "query" in prompts else None),
         "options": dict(spec.options),
+        "adapters": dict(spec.adapters or {}),
     }
 
 
@@ -383,6 +386,7 @@ def _facts(root: Path, transformer_dir: Path, modules: Any, spec: ModelSpec) -> 
         trusted=spec.trust_remote_code,
         rerank_keys=tuple(sorted(k for k, v in spec.rerank_overrides().items() if v is not None)),
         kind=None if spec.kind == "auto" else Kind(spec.kind),
+        adapters=tuple(spec.adapters or ()),
     )
 
 

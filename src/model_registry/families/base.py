@@ -32,6 +32,8 @@ class Facts:
     rerank_keys: tuple[str, ...] = ()
     #: The configured kind, or the detected one once the kind stage has run.
     kind: Kind | None = None
+    #: The names of the PEFT adapters the entry lists.
+    adapters: tuple[str, ...] = ()
 
     @property
     def model_type(self) -> str:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from model_registry.families.base import Facts, Family, Rule
-from model_registry.families.ports import is_jina_lora, jina_port, unapplied_adapters
+from model_registry.families.ports import is_jina_lora as is_published_jina
+from model_registry.families.ports import jina_port, unapplied_adapters
 from model_registry.types import Capability, Kind
 
 
@@ -21,8 +22,9 @@ def _jina_hf_message(facts: Facts) -> str:
     )
 
 
-def _jina_lora(facts: Facts) -> bool:
-    return is_jina_lora(facts.config) and jina_port() is not None
+def is_jina_lora(facts: Facts) -> bool:
+    """jina-embeddings-v3 as published, which transformers' port serves with its task adapters."""
+    return is_published_jina(facts.config) and jina_port() is not None
 
 
 def _kind_message(facts: Facts) -> str:
@@ -52,7 +54,7 @@ FAMILY = Family(
         Rule(
             "jina-lora-port",
             "code",
-            _jina_lora,
+            is_jina_lora,
             "transformers' jina_embeddings_v3 port runs jina-embeddings-v3 as published (XLMRobertaLoRA), without "
             "`trust_remote_code`, its LoRA task adapters applied per request",
             order=30,
@@ -66,7 +68,7 @@ FAMILY = Family(
         Rule(
             "jina-lora-not-dense",
             "family",
-            lambda f: _jina_lora(f) and f.kind != Kind.DENSE,
+            lambda f: is_jina_lora(f) and f.kind != Kind.DENSE,
             "refused: jina-embeddings-v3 with a kind other than `dense`",
             order=20,
             refusal=_kind_message,
@@ -74,7 +76,7 @@ FAMILY = Family(
         Rule(
             "jina-lora",
             "family",
-            _jina_lora,
+            is_jina_lora,
             "jina-embeddings-v3's task adapters, chosen per request (`adapters/jina_lora.py`)",
             order=21,
             family="jina_lora",

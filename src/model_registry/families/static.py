@@ -11,7 +11,7 @@ def _sentence_transformers_static(facts: Facts) -> bool:
     return any(t.startswith("sentence_transformers.") and t.endswith(".StaticEmbedding") for t in facts.module_types)
 
 
-def _static(facts: Facts) -> bool:
+def is_static(facts: Facts) -> bool:
     return facts.model_type == "model2vec" or _sentence_transformers_static(facts)
 
 
@@ -36,7 +36,7 @@ FAMILY = Family(
         Rule(
             "static-not-dense",
             "layout",
-            lambda f: _static(f) and f.kind not in (None, Kind.DENSE),
+            lambda f: is_static(f) and f.kind not in (None, Kind.DENSE),
             "refused: a static embedding model with a kind other than `dense`",
             order=20,
             refusal=_kind_message,

@@ -173,3 +173,91 @@ def for_export(model: Any, directory: Path) -> Selection | None:
         for layer, (a, b) in read_factors(directory / LORA_FILE).items()
     }
     return install(model, factors, (len(tasks) + 1, rank), alpha / rank)
+
+
+#: The PEFT settings this server applies as PEFT does; an adapter setting any other is refused.
+_PEFT_PLAIN = {"bias": "none", "fan_in_fan_out": False, "use_dora": False, "modules_to_save": None}
+_PEFT_KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$")
+
+
+def read_peft(name: str, directory: Path) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float]:
+    """A PEFT LoRA adapter's factors, module name (as PEFT saved it) -> (A, B), and its scale
+    (lora_alpha / r, or / sqrt(r) with rsLoRA); refused where it holds what is not a plain LoRA."""
+    from safetensors.torch import load_file
+
+    config_path, weights = directory / "adapter_config.json", directory / "adapter_model.safetensors"
+    if not config_path.is_file() or not weights.is_file():
+        raise ModelUnavailable(
+            f"adapter '{name}': {directory} is not a PEFT adapter (adapter_config.json and adapter_model.safetensors)"
+        )
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if config.get("peft_type") != "LORA":
+        raise ModelUnavailable(f"adapter '{name}': peft_type {config.get('peft_type')!r}; only LORA is served")
+    for key, plain in _PEFT_PLAIN.items():
+        if config.get(key, plain) not in (plain, [], {}):
+            raise ModelUnavailable(f"adapter '{name}': {key}: {config[key]!r} is not served (only {plain!r})")
+    for key in ("rank_pattern", "alpha_pattern", "layers_to_transform"):
+        if config.get(key):
+            raise ModelUnavailable(f"adapter '{name}': {key} is not served; merge the adapter or drop {key}")
+    rank, alpha = int(config.get("r", 8)), float(config.get("lora_alpha", 8))
+    scale = alpha / (rank**0.5 if config.get("use_rslora") else rank)
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(str(weights)).items():
+        match = _PEFT_KEY.match(key)
+        if match is None:
+            raise ModelUnavailable(f"adapter '{name}': {key} is not a LoRA factor of a linear layer")
+        pairs.setdefault(match.group(1), {})[match.group(2)] = tensor
+    factors = {}
+    for module, pair in pairs.items():
+        if set(pair) != {"A", "B"}:
+            raise ModelUnavailable(f"adapter '{name}': {module} lacks its lora_A or lora_B")
+        factors[module] = (pair["A"], pair["B"])
+    if not factors:
+        raise ModelUnavailable(f"adapter '{name}': no LoRA factors in {weights}")
+    return factors, scale
+
+
+def install_peft(model: Any, adapters: list[tuple[str, Path]]) -> Selection:
+    """The adapters' factors on `model`'s linear layers, stacked: adapter i is task i, each scaled
+    into its B and padded with zeros to the largest rank (a layer an adapter leaves alone gets its
+    zeros). A factor that names no linear layer of `model`, or does not fit it, is refused."""
+    read = [(name, *read_peft(name, path)) for name, path in adapters]
+    modules = sorted({module for _, factors, _ in read for module in factors})
+    selection = Selection()
+    for module in modules:
+        parent, attribute, base = _linear(model, module, [name for name, factors, _ in read if module in factors])
+        weight = base.weight
+        rank = max(factors[module][0].shape[0] for _, factors, _ in read if module in factors)
+        a = torch.zeros(len(read), rank, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        b = torch.zeros(len(read), weight.shape[0], rank, dtype=weight.dtype, device=weight.device)
+        for index, (name, factors, scale) in enumerate(read):
+            if module not in factors:
+                continue
+            low, high = factors[module]
+            if low.shape[1] != weight.shape[1] or high.shape != (weight.shape[0], low.shape[0]):
+                raise ModelUnavailable(
+                    f"adapter '{name}': the factors of {module}, {tuple(low.shape)} and {tuple(high.shape)}, do "
+                    f"not fit its weight {tuple(weight.shape)}: an adapter of another base model"
+                )
+            a[index, : low.shape[0]] = low.to(weight.dtype)
+            b[index, :, : low.shape[0]] = scale * high.to(weight.dtype)
+        setattr(parent, attribute, LoraLinear(base, a, b, 1.0, selection))
+    return selection
+
+
+def _linear(model: Any, module: str, named_by: list[str]) -> tuple[Any, str, torch.nn.Linear]:
+    """The linear layer PEFT's `module` names in `model`: as named, or under the model's prefix
+    (a PEFT adapter of `BertForMaskedLM` names `bert.encoder...`, the encoder itself `encoder...`)."""
+    for candidate in (module, module.partition(".")[2]):
+        parent_name, _, attribute = candidate.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name) if parent_name else model
+        except AttributeError:
+            continue
+        found = getattr(parent, attribute, None)
+        if isinstance(found, torch.nn.Linear):
+            return parent, attribute, found
+    raise ModelUnavailable(
+        f"adapter '{named_by[0]}' adapts {module}, which is not a linear layer of this model: an adapter of "
+        "another base model, or of a layer other than a linear one"
+    )
