@@ -217,9 +217,7 @@ def main() -> None:
     if args.report:
         print(report(json.loads(args.report.read_text())))
         return
-    engines = (
-        args.engines.split(",") if args.engines else [e for e in ENGINES if args.device == "cpu" or e not in CPU_ONLY]
-    )
+    engines = args.engines.split(",") if args.engines else [e for e in ENGINES if runs_here(e, args.device)]
     rng = random.Random(0)
     short = sts_sentences()
     docs = long_documents(short, 1024, rng)
@@ -254,6 +252,16 @@ def main() -> None:
     print(report(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+
+
+def runs_here(engine: str, device: str) -> bool:
+    """Whether the default run measures `engine` on `device`: bfloat16 on a CPU only where it has
+    bfloat16 instructions (on CUDA the engines run float16 anyway)."""
+    if device != "cpu":
+        return engine not in CPU_ONLY and engine != "torch-bf16"
+    from model_registry.backends.choice import cpu_flags
+
+    return engine != "torch-bf16" or bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def paired_ratio(runs: dict[str, list[float]], work: str) -> float:

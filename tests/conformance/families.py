@@ -37,6 +37,7 @@ from tests.builders.llm_rerankers import (
     with_chat_template,
 )
 from tests.builders.media import image_bytes, tiny_clip, tiny_open_clip, tiny_siglip2, tiny_siglip2_naflex
+from tests.builders.peft import tiny_bert_with_adapter
 from tests.builders.routers import tiny_dense_router, tiny_inference_free_gte, tiny_inference_free_sparse
 from tests.builders.static import tiny_potion, tiny_static_embedding
 from tests.builders.text import tiny_bert
@@ -98,6 +99,8 @@ class Family:
     #: Whether it runs on no engine (a static model: numpy in its adapter): served with no backend
     #: key alone, each engine named in its entry a start-up error.
     engineless: bool = False
+    #: Why it runs on torch alone, where its configuration keeps it there (LoRA adapters per request).
+    torch_only: str | None = None
 
     @property
     def llm_reranker(self) -> bool:
@@ -329,6 +332,18 @@ FAMILIES: tuple[Family, ...] = (
         own_code=True,
     ),
     Family(
+        "an embedder with a LoRA adapter (PEFT)",
+        ("any embedder with LoRA adapters trained by PEFT, listed in its entry",),
+        tiny_bert_with_adapter,
+        "dense",
+        "bert",
+        "dense",
+        ref.peft_merged("adapters/legal"),
+        ("dense", "peft-adapters"),
+        entry={"adapters": {"legal": "adapters/legal"}, "options": {"default_adapter": "legal"}},
+        torch_only="adapters: torch only",
+    ),
+    Family(
         "Qwen3-Reranker",
         ("Qwen/Qwen3-Reranker-0.6B", "Qwen/Qwen3-Reranker-4B", "Qwen/Qwen3-Reranker-8B"),
         tiny_qwen3_reranker,
@@ -488,6 +503,8 @@ def refusal(engine: str, family: Family, device: str = "cpu") -> str | None:
         return "static, runs on numpy"
     if engine == "torch":
         return None
+    if family.torch_only is not None:
+        return family.torch_only
     try:
         choice.check_model("m", engine, "none", family.kind, family.config, device)
     except ValueError:
@@ -514,7 +531,7 @@ def engines(family: Family) -> tuple[str, ...]:
 
 def auto_picks(family: Family, host: str) -> str:
     """The engine `auto` runs `family` on for a device class with every engine installed."""
-    if family.llm_reranker:  # its adapter keeps it on torch, the only engine with its LM head rows
+    if family.llm_reranker or family.torch_only:  # its adapter keeps it on torch
         return "torch"
     if family.engineless:
         return "numpy"

@@ -51,6 +51,18 @@ def sentence_transformers() -> Reference:
     return encode
 
 
+def peft_merged(adapter: str) -> Reference:
+    """`SentenceTransformer.encode` on PEFT's merge (`merge_and_unload`) of the adapter published
+    in the model's `adapter` folder."""
+
+    def encode(directory: Path, texts: Sequence[str], queries: bool) -> list[Answer]:
+        from tests.builders.peft import merged
+
+        return [np.asarray(merged(directory, directory / adapter).encode(list(texts)))]
+
+    return encode
+
+
 def router() -> Reference:
     """A Router model's `encode` (its default route) of the texts, then `encode_query` (its query
     route): `SparseEncoder`'s for a sparse model (its non-zero weights per text), else

@@ -206,7 +206,7 @@ def test_auto_picks_an_engine_the_matrix_runs_on_every_device_class(host: str, m
             assert picked == "numpy", f"{family.name} on {host}: auto picks {picked}"
             continue
         assert picked in engines(family), f"{family.name} on {host}: auto picks {picked}"
-        if not family.llm_reranker:
+        if not family.llm_reranker and family.torch_only is None:
             chosen = choice.choices("m", "auto", "none", family.kind, family.config, device, host=host)
             assert chosen[0].backend == picked, f"{family.name} on {host}"
             assert chosen[-1].backend == "torch", f"{family.name} on {host}: torch is not the last resort"

@@ -24,6 +24,7 @@ import numpy as np
 from model_registry.adapters.base import Adapter
 from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
+from model_registry.families.peft_lora import adapter_directory
 from model_registry.types import Item
 from model_registry.zoo.sources import resolve_source
 
@@ -60,7 +61,7 @@ def model_identity(spec: ModelSpec, adapter: Adapter) -> str:
     _digest_files(digest, directory)
     for name in sorted(adapters):
         digest.update(f"adapter {len(name)}:{name}:".encode())
-        _digest_files(digest, Path(adapters[name]).expanduser())
+        _digest_files(digest, adapter_directory(directory, adapters[name]))
     return digest.hexdigest()
 
 

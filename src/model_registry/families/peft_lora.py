@@ -3,10 +3,19 @@ chosen per request; batches never mix adapters."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from model_registry.families.base import Facts, Family, Rule
 from model_registry.families.jina_lora import is_jina_lora
 from model_registry.families.static import is_static
 from model_registry.types import Capability, Kind
+
+
+def adapter_directory(model: Path, given: str) -> Path:
+    """Where an adapter the entry lists lies: a relative path is inside the model's directory (an
+    adapter published with the model), anything else as given."""
+    path = Path(given).expanduser()
+    return path if path.is_absolute() else model / path
 
 
 def _elsewhere(facts: Facts) -> bool:

@@ -3,9 +3,7 @@ model for its adapter in sentence-transformers, requests for different adapters 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,11 +12,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from infinity_server.app import create_app
 from infinity_server.settings import ServerSettings, Settings
 from model_registry.config import registry_config
+from tests.builders.peft import merged, save_adapter
 from tests.builders.text import tiny_bert
 from tests.conftest import LiveServer, start_server
 
@@ -33,29 +31,6 @@ ADAPTERS: dict[str, dict[str, Any]] = {
 }
 
 
-@contextlib.contextmanager
-def peft_quietly() -> Iterator[None]:
-    """PEFT asks transformers `is_gradient_checkpointing`, which transformers has renamed."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing.*", FutureWarning)
-        yield
-
-
-def save_adapter(base: Path, target: Path, seed: int, **settings: Any) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModel
-
-    torch.manual_seed(seed)
-    with peft_quietly():
-        model = get_peft_model(AutoModel.from_pretrained(str(base)), LoraConfig(**settings))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:  # PEFT starts B at zero: an adapter that changes nothing
-                parameter.normal_(std=0.5)
-    model.save_pretrained(str(target))
-    return target
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("peft")
@@ -68,18 +43,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def reference(files: dict[str, Path], adapter: str | None) -> np.ndarray:
     """sentence-transformers on the base model, or on PEFT's merge of `adapter` into it."""
-    from peft import PeftModel
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(files["base"]), device="cpu")
-    if adapter is not None:
-        module = model[0]
-        base = module.auto_model
-        assert isinstance(base, torch.nn.Module)
-        with peft_quietly():
-            merged = PeftModel.from_pretrained(base, str(files[adapter])).merge_and_unload()
-        module.auto_model = merged
-    vectors: np.ndarray = model.encode(TEXTS, convert_to_numpy=True)
+    vectors: np.ndarray = merged(files["base"], files[adapter] if adapter else None).encode(TEXTS)
     return vectors
 
 
