@@ -199,5 +199,6 @@ def adapter_for(engine: dict[str, Any], device: str) -> tuple[Any, Any]:
 
     spec = ModelSpec.model_validate({"name": MODEL, "source": SOURCE, "device": device, **engine})
     backend, quantize = engine.get("backend", "torch"), engine.get("quantize", "none")
-    options = LoadOptions(device, "auto", BATCH_TOKENS[device], backend=backend, quantize=quantize)
+    dtype = engine.get("dtype", "auto")
+    options = LoadOptions(device, dtype, BATCH_TOKENS[device], backend=backend, quantize=quantize)
     return create_adapter(spec), options

@@ -540,3 +540,25 @@ def test_a_pdf_by_data_uri_is_encoded_and_reranked_page_by_page(
     each = client.post("/v1/rerank/images", json={"model": "colpali", "query": query, "documents": pages}).json()
     for result in each["results"]:
         assert by_page[(1, result["index"] + 1)] == pytest.approx(result["relevance_score"], abs=1e-5)
+
+
+@pytest.mark.parametrize("model", ["colqwen2.5", "colpali"])
+def test_a_pages_visual_tokens_count_in_usage_as_its_processor_makes_them(
+    client: httpx.Client, models: dict[str, Path], data_dir: Path, model: str
+) -> None:
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor: Any = AutoProcessor.from_pretrained(str(models[model]))
+    pages = photo_variants(data_dir)
+    want = [
+        int(processor.process_images([Image.open(io.BytesIO(p)).convert("RGB")])["attention_mask"].sum()) for p in pages
+    ]
+    got = []
+    for page in pages:
+        answer = upload(client, model, [("p.png", page)], output="multivector")
+        assert answer.status_code == 200, answer.text
+        got.append(answer.json()["usage"]["prompt_tokens"])
+    assert got == want
+    if model == "colqwen2.5":  # a dynamic-resolution model: pages of other sizes read other counts
+        assert len(set(got)) > 1

@@ -181,3 +181,21 @@ def test_naflex_refuses_a_bad_max_num_patches(serve: Any, models: dict[str, Path
     assert response.status_code == 503, response.text
     assert "max_num_patches" in response.json()["error"]["message"]
     assert health.status_code == 200
+
+
+def test_naflex_images_count_their_patches_in_usage_and_fixed_size_ones_do_not(
+    client: httpx.Client, models: dict[str, Path], data_dir: Path
+) -> None:
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor: Any = AutoProcessor.from_pretrained(models["naflex"])
+    pictures = images(data_dir)
+    for name, picture in pictures.items():
+        image = Image.open(io.BytesIO(picture)).convert("RGB")
+        patches = int(processor.image_processor(images=[image], return_tensors="pt")["pixel_attention_mask"].sum())
+        uri = data_uri(picture, "image/png" if name.endswith(".png") else "image/jpeg")
+        for model, want in (("naflex", patches), ("fixed", 0)):
+            answer = client.post("/v1/embeddings", json={"model": model, "input": [uri], "modality": "image"})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["usage"]["prompt_tokens"] == want, (model, name)

@@ -3,7 +3,9 @@ multi-vectors.
 
 The model's own processor builds the inputs (the image prompt and its image tokens; the query
 prefix and augmentation tokens), one item at a time in `prepare`; `collate` pads them. A page
-costs its sequence length (image tokens included), a query its tokens. Output rows are
+costs its sequence length (image tokens included, as many as the processor's resizing gives a
+dynamic-resolution model such as ColQwen2), a query its tokens; both count in the request's usage,
+and the cost in admission and batching. Output rows are
 L2-normalised by the model; padding rows are dropped, so MaxSim sees real tokens only. There is
 no single-vector output: a request must ask for `multivector`. A query longer than the model
 takes (`max_length`, else the text model's positions) has its text cut, keeping the processor's
@@ -132,7 +134,8 @@ class ColPaliAdapter(Adapter):
                 group = "text"
             data = {k: encoded[k][0].numpy() for k in encoded if k != "labels"}
             length = int(data["attention_mask"].sum())
-            prepared.append(Prepared(index, length, length if group == "text" else 0, data, group))
+            # A page is read as a sequence: its visual tokens count in the request's usage as text does.
+            prepared.append(Prepared(index, length, length, data, group))
         return prepared
 
     def _query_limit(self) -> int:

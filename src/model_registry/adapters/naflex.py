@@ -31,6 +31,7 @@ class Patches:
 
 
 class NaflexAdapter(TwoTowerAdapter):
+    visual_tokens = True
     kind = Kind.IMAGE_TEXT
     capabilities = frozenset({Capability.EMBED_TEXT, Capability.EMBED_IMAGE})
     modality = Modality.IMAGE

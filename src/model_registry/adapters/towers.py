@@ -71,6 +71,9 @@ class TwoTowerAdapter(Adapter):
     pad_to_max_length = False
     #: Position ids that the text tower reserves before the first token (RoBERTa-style towers: 2).
     position_offset = 0
+    #: Whether an image's patches count as the tokens a request reads (its usage): a tower that reads
+    #: an image as a sequence of its own length (SigLIP 2 NaFlex); a fixed-size tower's do not.
+    visual_tokens = False
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         self.layout = layout
@@ -138,7 +141,8 @@ class TwoTowerAdapter(Adapter):
         for index, media in enumerate(medias):
             if media is not None:
                 data, cost = self.prepare_media(media, index)
-                prepared[index] = Prepared(index, cost, 0, data, self.modality.value)
+                read = cost if self.visual_tokens else 0
+                prepared[index] = Prepared(index, cost, read, data, self.modality.value)
         return [prepared[i] for i in range(len(items))]
 
     def _tokenize(self, texts: list[str]) -> list[tuple[int, ...]]:
