@@ -38,8 +38,9 @@ from model_registry.runtime.timing import recording as record_stages
 from model_registry.runtime.worker import BatchStats
 from model_registry.sync import SyncRegistry
 from model_registry.tasks.classify import Classification
+from model_registry.tasks.embedding import EmbedCall
 from model_registry.tasks.long_inputs import Span, check_span_count, sentences
-from model_registry.tasks.rerank import MAX_WEIGHT, Ranking
+from model_registry.tasks.rerank import MAX_WEIGHT, Ranking, RerankCall
 from model_registry.types import (
     Capability,
     Content,
@@ -72,6 +73,7 @@ __all__ = [
     "Content",
     "DeadlineExceeded",
     "DeviceUsage",
+    "EmbedCall",
     "Embedding",
     "EventKind",
     "InputTooLong",
@@ -93,6 +95,7 @@ __all__ = [
     "Registry",
     "RegistryConfig",
     "RegistryError",
+    "RerankCall",
     "Results",
     "Score",
     "Similarity",

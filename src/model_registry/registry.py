@@ -206,8 +206,10 @@ class Registry:
     # ---- operations: each task's semantics live in the module named for it -------------------
 
     embed = embedding.embed
+    embed_call = embedding.embed_call
     pages = embedding.pages
     rerank = ranking.rerank
+    rerank_call = ranking.rerank_call
     score = scoring.score
     classify = classify.classify
     rerank_media = media_rerank.rerank_media

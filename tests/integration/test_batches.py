@@ -182,20 +182,20 @@ def test_a_line_in_a_lower_first_dialect_runs_lowest_not_first(serve: Any, tmp_p
     """vLLM's rerank shape runs lower `priority` numbers first: the line's priority is set in the
     engine's own terms, never through the dialect's sign, and always the lowest class."""
     from infinity_server.batches.lines import LOWEST_PRIORITY
-    from model_registry import Registry
+    from model_registry import Registry, RerankCall
 
     seen: list[int | None] = []
-    rank = Registry.rerank
+    rank = Registry.rerank_call
 
-    async def spying(self: Registry, *args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs.get("priority"))
-        return await rank(self, *args, **kwargs)
+    async def spying(self: Registry, call: RerankCall) -> Any:
+        seen.append(call.priority)
+        return await rank(self, call)
 
     server = serve({"models": [FAKE]}, batch_dir=str(tmp_path), access_log=False)
     vllm = {"model": "fake", "query": "a", "documents": ["b", "c"], "truncate_prompt_tokens": -1}
     rows = [line("vllm", vllm, "/rerank"), line("asks-first", {**vllm, "priority": -5}, "/rerank")]
     with pytest.MonkeyPatch.context() as patch, connect(server.url) as client, server.client() as http:
-        patch.setattr(Registry, "rerank", spying)
+        patch.setattr(Registry, "rerank_call", spying)
         answers = answers_of(client, submit(client, rows, "/rerank"))
         interactive = http.post("/rerank", json=vllm)
     assert interactive.status_code == 200, interactive.text

@@ -32,7 +32,7 @@ from infinity_server.schemas.cohere import (
 )
 from infinity_server.schemas.responses import Vector
 from infinity_server.schemas.vllm import VllmRerankRequest, VllmRerankResponse
-from model_registry import Content, InvalidInput, Modality, Results, Text
+from model_registry import Content, EmbedCall, InvalidInput, Modality, RerankCall, Results, Text
 
 #: Cohere's embedding type -> (this server's dtype, JSON encoding).
 _TYPES = {
@@ -46,18 +46,20 @@ _TYPES = {
 
 
 async def _rerank(request: Request, body: CohereRerankRequest, version: str) -> CohereRerankResponse:
-    ranking = await registry_of(request).rerank(
-        body.model,
-        body.query,
-        body.texts(),
-        top_n=body.top_n,
-        raw_scores=body.raw_scores,
-        truncate=body.truncate,
-        instruction=body.instruction,
-        max_tokens_per_doc=body.max_tokens_per_doc,
-        weights=body.weights.model_dump() if body.weights is not None else None,
-        return_parts=body.return_parts,
-        priority=body.priority,
+    ranking = await registry_of(request).rerank_call(
+        RerankCall(
+            body.model,
+            body.query,
+            body.texts(),
+            top_n=body.top_n,
+            raw_scores=body.raw_scores,
+            truncate=body.truncate,
+            instruction=body.instruction,
+            max_tokens_per_doc=body.max_tokens_per_doc,
+            weights=body.weights.model_dump() if body.weights is not None else None,
+            return_parts=body.return_parts,
+            priority=body.priority,
+        )
     )
     return_documents = body.return_documents if body.return_documents is not None else version == "1"
     results: list[CohereResult] = []
@@ -149,16 +151,18 @@ def embed_body(body: CohereEmbedRequest, results: Results, texts: list[str], ver
 async def _embed(request: Request, body: CohereEmbedRequest, version: str) -> Vectors[CohereEmbedResponse]:
     role = ROLES[body.input_type] if body.input_type else None
     async with _contents(request, body) as (inputs, texts):
-        results = await registry_of(request).embed(
-            body.model,
-            inputs,
-            role=role,
-            truncate=body.truncate != "NONE",
-            truncation_direction="left" if body.truncate == "START" else "right",
-            max_tokens=body.max_tokens,
-            priority=body.priority,
-            dimensions=body.output_dimension,
-            dimensions_param="output_dimension",
+        results = await registry_of(request).embed_call(
+            EmbedCall(
+                body.model,
+                inputs,
+                role=role,
+                truncate=body.truncate != "NONE",
+                truncation_direction="left" if body.truncate == "START" else "right",
+                max_tokens=body.max_tokens,
+                priority=body.priority,
+                dimensions=body.output_dimension,
+                dimensions_param="output_dimension",
+            )
         )
     kinds = len(body.embedding_types or ["float"])
     return Vectors(lambda: embed_body(body, results, texts, version), kinds * numbers_in(results))

@@ -18,7 +18,7 @@ from infinity_server.encoding import column, encode_vectors, numbers_in, output_
 from infinity_server.routing import Vectors, post
 from infinity_server.schemas.encode import EncodeRequest
 from infinity_server.schemas.responses import EncodeResponse, Encoding, Usage
-from model_registry import Results
+from model_registry import EmbedCall, Results
 
 
 def encoded_outputs(body: EncodeRequest, results: Results) -> list[Encoding]:
@@ -52,15 +52,17 @@ async def encode(request: Request, body: EncodeRequest) -> Vectors[EncodeRespons
         inputs, origins = (
             await document_pages(registry, body.model, given) if body.modality == "image" else (given, None)
         )
-        results = await registry.embed(
-            body.model,
-            inputs,
-            outputs=body.outputs,
-            prompt_name=body.prompt_name,
-            task=body.chosen_adapter(),
-            truncate=body.truncate,
-            output_limit=output_limit(limit, body.embedding_type, body.encoding_format),
-            priority=body.priority,
+        results = await registry.embed_call(
+            EmbedCall(
+                body.model,
+                inputs,
+                outputs=body.outputs,
+                prompt_name=body.prompt_name,
+                task=body.chosen_adapter(),
+                truncate=body.truncate,
+                output_limit=output_limit(limit, body.embedding_type, body.encoding_format),
+                priority=body.priority,
+            )
         )
     usage: Usage = {"prompt_tokens": results.tokens, "total_tokens": results.tokens}
 

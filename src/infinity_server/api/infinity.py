@@ -11,7 +11,7 @@ from infinity_server.api.common import registry_of
 from infinity_server.routing import post
 from infinity_server.schemas.infinity import ClassifyRequest, RerankRequest
 from infinity_server.schemas.responses import ClassifyResponse, RerankResponse, RerankResult
-from model_registry import Ranking
+from model_registry import Ranking, RerankCall
 
 
 def ranking_results(ranking: Ranking, return_documents: bool) -> list[RerankResult]:
@@ -30,17 +30,19 @@ def ranking_results(ranking: Ranking, return_documents: bool) -> list[RerankResu
 
 async def rerank(request: Request, body: RerankRequest) -> RerankResponse:
     """Infinity's rerank body; the route, shared with TEI's body, is declared in the TEI module."""
-    ranking = await registry_of(request).rerank(
-        body.model,
-        body.query,
-        body.documents,
-        top_n=body.top_n,
-        raw_scores=body.raw_scores,
-        truncate=body.truncate,
-        instruction=body.instruction,
-        weights=body.weights.model_dump() if body.weights is not None else None,
-        return_parts=body.return_parts,
-        priority=body.priority,
+    ranking = await registry_of(request).rerank_call(
+        RerankCall(
+            body.model,
+            body.query,
+            body.documents,
+            top_n=body.top_n,
+            raw_scores=body.raw_scores,
+            truncate=body.truncate,
+            instruction=body.instruction,
+            weights=body.weights.model_dump() if body.weights is not None else None,
+            return_parts=body.return_parts,
+            priority=body.priority,
+        )
     )
     return {
         "object": "rerank",

@@ -32,7 +32,18 @@ from infinity_server.schemas.responses import (
     RerankResult,
     Usage,
 )
-from model_registry import Content, InvalidInput, Media, Modality, Output, Results, Score, Text, is_pdf
+from model_registry import (
+    Content,
+    EmbedCall,
+    InvalidInput,
+    Media,
+    Modality,
+    Output,
+    Results,
+    Score,
+    Text,
+    is_pdf,
+)
 
 
 def _infinity_route(
@@ -42,7 +53,9 @@ def _infinity_route(
         registry = registry_of(request)
         async with fetched_media(request, body.model, body.inputs(), modality) as media:
             contents, origins = await document_pages(registry, body.model, media)
-            results = await registry.embed(body.model, contents, priority=body.priority, dimensions=body.dimensions)
+            results = await registry.embed_call(
+                EmbedCall(body.model, contents, priority=body.priority, dimensions=body.dimensions)
+            )
         return Vectors(
             lambda: paged(embedding_list(body.model, results, body.encoding_format), origins), numbers_in(results)
         )
@@ -127,7 +140,7 @@ async def upload(request: Request, form: FormData) -> Vectors[EmbeddingResponse]
     encoding = _choice(form, "encoding_format", ("float", "base64"))
     dimensions = number(form, "dimensions")
     contents, origins = await document_pages(registry, model, uploaded)
-    results = await registry.embed(model, contents, outputs=(output,), dimensions=dimensions)
+    results = await registry.embed_call(EmbedCall(model, contents, outputs=(output,), dimensions=dimensions))
     if output == Output.MULTIVECTOR:
         return Vectors(lambda: paged(_multivector_list(model, results, encoding), origins), numbers_in(results))
     return Vectors(lambda: paged(embedding_list(model, results, encoding), origins), numbers_in(results))

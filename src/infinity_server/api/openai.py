@@ -29,7 +29,7 @@ from infinity_server.schemas.responses import (
     SpanVector,
     Usage,
 )
-from model_registry import Embedding, ModelInfo, Results, Span, sentences
+from model_registry import EmbedCall, Embedding, ModelInfo, Results, Span, sentences
 
 _CREATED = int(time.time())
 _EXAMPLE = {"model": "all-MiniLM-L6-v2", "input": ["a sentence to embed"]}
@@ -76,16 +76,18 @@ def late_spans(
 async def embeddings(request: Request, body: EmbeddingRequest) -> Vectors[EmbeddingResponse | LateEmbeddingResponse]:
     async with engine_inputs(request, body.model, body.modality, body.inputs(), body.media_inputs) as inputs:
         options = body.truncation(body.truncate)
-        results = await registry_of(request).embed(
-            body.model,
-            inputs,
-            prompt_name=body.prompt_name,
-            task=body.chosen_adapter(),
-            priority=body.priority,
-            long_inputs=body.long_inputs,
-            spans=body.spans,
-            dimensions=body.dimensions,
-            **options,
+        results = await registry_of(request).embed_call(
+            EmbedCall(
+                body.model,
+                inputs,
+                prompt_name=body.prompt_name,
+                task=body.chosen_adapter(),
+                priority=body.priority,
+                long_inputs=body.long_inputs,
+                spans=body.spans,
+                dimensions=body.dimensions,
+                **options,
+            )
         )
     if body.long_inputs == "late":
         spans = late_spans(results, inputs, body.spans)

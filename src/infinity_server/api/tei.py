@@ -48,7 +48,7 @@ from infinity_server.schemas.tei import (
     TeiTokenizeResponse,
 )
 from infinity_server.schemas.vllm import VllmRerankRequest, VllmRerankResponse
-from model_registry import Capability, InvalidInput, Kind, ModelInfo, OutputLimit, Results, Token
+from model_registry import Capability, EmbedCall, InvalidInput, Kind, ModelInfo, OutputLimit, RerankCall, Results, Token
 
 
 def _direction(options: TeiOptions | Any) -> str:
@@ -68,18 +68,20 @@ async def _embed_with(
     dimensions: int | None = None,
 ) -> Results:
     model = model_for(request, body.model, family)
-    return await registry_of(request).embed(
-        model,
-        _inputs(body),
-        outputs=(output,),
-        prompt_name=body.prompt_name,
-        truncate=body.truncate,
-        truncation_direction=_direction(body),
-        output_limit=limit,
-        priority=body.priority,
-        long_inputs=body.long_inputs,
-        spans=body.spans,
-        dimensions=dimensions,
+    return await registry_of(request).embed_call(
+        EmbedCall(
+            model,
+            _inputs(body),
+            outputs=(output,),
+            prompt_name=body.prompt_name,
+            truncate=body.truncate,
+            truncation_direction=_direction(body),
+            output_limit=limit,
+            priority=body.priority,
+            long_inputs=body.long_inputs,
+            spans=body.spans,
+            dimensions=dimensions,
+        )
     )
 
 
@@ -189,16 +191,18 @@ async def rerank(request: Request, body: dict[str, Any]) -> RerankResponse | lis
 
 async def tei_rerank(request: Request, body: TeiRerankRequest) -> list[TeiRank]:
     model = model_for(request, body.model, "rerank")
-    ranking = await registry_of(request).rerank(
-        model,
-        body.query,
-        body.texts,
-        raw_scores=body.raw_scores,
-        truncate=body.truncate,
-        truncation_direction=_direction(body),
-        weights=body.weights.model_dump() if body.weights is not None else None,
-        return_parts=body.return_parts,
-        priority=body.priority,
+    ranking = await registry_of(request).rerank_call(
+        RerankCall(
+            model,
+            body.query,
+            body.texts,
+            raw_scores=body.raw_scores,
+            truncate=body.truncate,
+            truncation_direction=_direction(body),
+            weights=body.weights.model_dump() if body.weights is not None else None,
+            return_parts=body.return_parts,
+            priority=body.priority,
+        )
     )
     ranks: list[TeiRank] = []
     for r in ranking.results:

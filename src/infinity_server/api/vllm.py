@@ -35,7 +35,15 @@ from infinity_server.schemas.vllm import (
     VllmRerankResult,
     VllmUsage,
 )
-from model_registry import Capability, InvalidInput, Output, Similarity, UnsupportedOperation
+from model_registry import (
+    Capability,
+    EmbedCall,
+    InvalidInput,
+    Output,
+    RerankCall,
+    Similarity,
+    UnsupportedOperation,
+)
 
 
 def _usage(tokens: int) -> VllmUsage:
@@ -98,16 +106,18 @@ async def rerank(request: Request, body: VllmRerankRequest) -> VllmRerankRespons
     """vLLM's answer: every result carries its document, best first, at most `top_n` (0: all)."""
     body.refuse_unserved()
     truncate, direction = _pair_truncation(body, request.url.path)
-    ranking = await registry_of(request).rerank(
-        body.model,
-        body.query,
-        body.documents,
-        top_n=body.top_n if body.top_n > 0 else None,
-        raw_scores=body.raw_scores(),
-        truncate=truncate,
-        truncation_direction=direction,
-        similarity=Similarity.COSINE,  # vLLM's rerank scores embeddings by cosine, whatever the model declares
-        priority=body.priority,
+    ranking = await registry_of(request).rerank_call(
+        RerankCall(
+            body.model,
+            body.query,
+            body.documents,
+            top_n=body.top_n if body.top_n > 0 else None,
+            raw_scores=body.raw_scores(),
+            truncate=truncate,
+            truncation_direction=direction,
+            similarity=Similarity.COSINE,  # vLLM's rerank scores embeddings by cosine, whatever the model declares
+            priority=body.priority,
+        )
     )
     results: list[VllmRerankResult] = [
         {"index": r.index, "document": {"text": r.document, "multi_modal": None}, "relevance_score": r.score}
@@ -127,14 +137,16 @@ async def pooling(request: Request, body: PoolingRequest) -> Vectors[PoolingResp
     output = _pooling_output(body, Capability.MULTIVECTOR in registry.info(body.model).capabilities)
     options = body.truncation(body.truncate)
     limit = output_limit(request.app.state.settings.server.max_output_bytes, "float32", body.encoding_format)
-    results = await registry.embed(
-        body.model,
-        body.inputs(),
-        outputs=(output,),
-        output_limit=limit,
-        priority=body.priority,
-        dimensions=body.dimensions,
-        **options,
+    results = await registry.embed_call(
+        EmbedCall(
+            body.model,
+            body.inputs(),
+            outputs=(output,),
+            output_limit=limit,
+            priority=body.priority,
+            dimensions=body.dimensions,
+            **options,
+        )
     )
     # Whether a model normalises is known once it is loaded, as it is now.
     if body.use_activation is False and registry.info(body.model).extra.get("normalize") is not False:

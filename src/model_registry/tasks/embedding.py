@@ -6,7 +6,8 @@ the two ways of taking texts longer than the model (`long_inputs`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from model_registry.adapters.base import Adapter
 from model_registry.errors import InvalidInput, UnsupportedOperation
@@ -32,28 +33,12 @@ ROLE_TASKS = {
 }
 
 
-async def embed(
-    registry: Runner,
-    model: str,
-    inputs: Sequence[RawInput],
-    *,
-    outputs: Sequence[Output | str] = (Output.DENSE,),
-    prompt_name: str | None = None,
-    prompt: str | None = None,
-    role: str | None = None,
-    task: str | None = None,
-    truncate: bool | None = None,
-    truncation_direction: str = "right",
-    max_tokens: int | None = None,
-    output_limit: OutputLimit | None = None,
-    priority: int | None = None,
-    timeout: float | None = None,
-    long_inputs: str = "error",
-    spans: Sequence[Sequence[Span]] | None = None,
-    dimensions: int | None = None,
-    dimensions_param: str = "dimensions",
-) -> Results:
-    """Embed texts (or token-id lists, or media) with `model`; one result per input, in order.
+@dataclass(frozen=True)
+class EmbedCall:
+    """One embed call: what each dialect turns its body into (`Registry.embed_call`), and what
+    `Registry.embed`'s keywords build.
+
+    Embed texts (or token-id lists, or media) with `model`; one result per input, in order.
 
     `role` ("query", "document", "classification"...) names a prompt used only when the model
     has it ("document" falls back to "passage"), as rerank does; `prompt_name` must exist.
@@ -71,6 +56,43 @@ async def embed(
     `dimensions` cuts each dense vector to its first components, re-normalised (a Matryoshka cut),
     checked against the model's width before any work (400 naming `dimensions_param`).
     """
+
+    model: str
+    inputs: Sequence[RawInput]
+    outputs: Sequence[Output | str] = (Output.DENSE,)
+    prompt_name: str | None = None
+    prompt: str | None = None
+    role: str | None = None
+    task: str | None = None
+    truncate: bool | None = None
+    truncation_direction: str = "right"
+    max_tokens: int | None = None
+    output_limit: OutputLimit | None = None
+    priority: int | None = None
+    timeout: float | None = None
+    long_inputs: str = "error"
+    spans: Sequence[Sequence[Span]] | None = None
+    dimensions: int | None = None
+    dimensions_param: str = "dimensions"
+
+
+async def embed(registry: Runner, model: str, inputs: Sequence[RawInput], **options: Any) -> Results:
+    """Embed `inputs` with `model`; one result per input, in order. `options` are `EmbedCall`'s."""
+    return await embed_call(registry, EmbedCall(model, inputs, **options))
+
+
+async def embed_call(registry: Runner, request: EmbedCall) -> Results:
+    """Run one `EmbedCall`."""
+    model, inputs, outputs, task = request.model, request.inputs, request.outputs, request.task
+    prompt_name, prompt, role = request.prompt_name, request.prompt, request.role
+    truncate, max_tokens, long_inputs, dimensions = (
+        request.truncate,
+        request.max_tokens,
+        request.long_inputs,
+        request.dimensions,
+    )
+    truncation_direction, spans, output_limit = request.truncation_direction, request.spans, request.output_limit
+    dimensions_param, priority, timeout = request.dimensions_param, request.priority, request.timeout
     spec = registry.spec(model)
     contents = validation.contents(inputs, registry.config)
     adapter = await registry.adapter(model)

@@ -257,25 +257,12 @@ def embedding_ranking(
     return ranking(documents, fused, top_n, HYBRID, results.tokens, parts if return_parts else None)
 
 
-async def rerank(
-    registry: Runner,
-    model: str,
-    query: str,
-    documents: Sequence[str],
-    *,
-    top_n: int | None = None,
-    raw_scores: bool = False,
-    truncate: bool | None = None,
-    truncation_direction: str = "right",
-    max_tokens_per_doc: int | None = None,
-    instruction: str | None = None,
-    weights: Mapping[str, float | None] | None = None,
-    return_parts: bool = False,
-    similarity: Similarity | None = None,
-    priority: int | None = None,
-    timeout: float | None = None,
-) -> Ranking:
-    """Rank `documents` by relevance to `query`, best first; `Ranking.method` says how.
+@dataclass(frozen=True)
+class RerankCall:
+    """One rerank call: what each dialect turns its body into (`Registry.rerank_call`), and what
+    `Registry.rerank`'s keywords build.
+
+    Rank `documents` by relevance to `query`, best first; `Ranking.method` says how.
 
     A cross-encoder applies its activation (sigmoid) unless `raw_scores`; embedding models
     score by MaxSim, sparse dot product or a dense model's similarity function, which have no
@@ -287,6 +274,34 @@ async def rerank(
     `weights` (or `return_parts`) ranks a model with several outputs by the weighted sum of
     their scores, omitted weights taking the model's defaults; `return_parts` keeps each part.
     """
+
+    model: str
+    query: str
+    documents: Sequence[str]
+    top_n: int | None = None
+    raw_scores: bool = False
+    truncate: bool | None = None
+    truncation_direction: str = "right"
+    max_tokens_per_doc: int | None = None
+    instruction: str | None = None
+    weights: Mapping[str, float | None] | None = None
+    return_parts: bool = False
+    similarity: Similarity | None = None
+    priority: int | None = None
+    timeout: float | None = None
+
+
+async def rerank(registry: Runner, model: str, query: str, documents: Sequence[str], **options: Any) -> Ranking:
+    """Rank `documents` by relevance to `query`, best first. `options` are `RerankCall`'s."""
+    return await rerank_call(registry, RerankCall(model, query, documents, **options))
+
+
+async def rerank_call(registry: Runner, request: RerankCall) -> Ranking:
+    """Run one `RerankCall`."""
+    model, query, documents, top_n = request.model, request.query, request.documents, request.top_n
+    raw_scores, truncate, truncation_direction = request.raw_scores, request.truncate, request.truncation_direction
+    max_tokens_per_doc, instruction, similarity = request.max_tokens_per_doc, request.instruction, request.similarity
+    weights, return_parts, priority, timeout = request.weights, request.return_parts, request.priority, request.timeout
     spec, limits = registry.spec(model), registry.config
     docs = check_rerank_input(query, documents, limits.max_inputs_per_request, limits.max_input_chars, top_n)
     validation.check_instruction_length(instruction, limits.max_input_chars)
