@@ -12,7 +12,9 @@ import functools
 import importlib
 import importlib.metadata
 import pkgutil
+from collections.abc import Iterable
 from types import ModuleType
+from typing import TypeVar
 
 from model_registry.backends.base import Engine, EngineFacts
 from model_registry.errors import ConfigError, ModelUnavailable
@@ -20,30 +22,40 @@ from model_registry.errors import ConfigError, ModelUnavailable
 #: Installed packages declare engines of their own under this group, each entry naming a module
 #: with an `ENGINE`.
 ENTRY_POINTS = "model_registry.engines"
+T = TypeVar("T")
 
 
-def _facts_of(found: object, where: str) -> EngineFacts:
-    facts = getattr(found, "ENGINE", None) if isinstance(found, ModuleType) else found
-    if not isinstance(facts, EngineFacts):
-        raise ConfigError(f"{where} declares no engine (an `ENGINE = EngineFacts(...)`)")
-    return facts
+def declarations(package: str, modules: Iterable[str], group: str, attribute: str, kind: type[T], what: str) -> list[T]:
+    """`attribute` of each of `package`'s `modules`, in the order given, then of each installed
+    entry point of `group` by name (a module holding it, or the declaration itself). One that
+    cannot be imported, contradicts itself or declares no `kind` is a `ConfigError` naming it.
+    Model families and engines are both found so."""
+
+    def declared_by(found: object, where: str) -> T:
+        value = getattr(found, attribute, None) if isinstance(found, ModuleType) else found
+        if not isinstance(value, kind):
+            raise ConfigError(f"{where} declares no {what} (a `{attribute} = {kind.__name__}(...)`)")
+        return value
+
+    found = [declared_by(importlib.import_module(f"{package}.{name}"), f"{package}.{name}") for name in modules]
+    for entry in sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name):
+        where = f"entry point '{entry.name}' ({entry.value}) of group {group}"
+        try:
+            loaded = entry.load()
+        except ImportError as error:
+            raise ConfigError(f"{where} cannot be imported: {error}") from error
+        except ValueError as error:  # a declaration that contradicts itself (its `__post_init__`)
+            raise ConfigError(f"{where}: {error}") from error
+        found.append(declared_by(loaded, where))
+    return found
 
 
 @functools.cache
 def declared() -> tuple[EngineFacts, ...]:
     """Every engine: torch first (it serves every model, `auto`'s last resort), then this
     package's others by name, then the installed entry points'."""
-    found = [
-        _facts_of(importlib.import_module(f"{__name__}.{info.name}"), f"{__name__}.{info.name}")
-        for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: (info.name != "torch", info.name))
-        if info.ispkg
-    ]
-    for entry in sorted(importlib.metadata.entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
-        where = f"entry point '{entry.name}' ({entry.value}) of group {ENTRY_POINTS}"
-        try:
-            found.append(_facts_of(entry.load(), where))
-        except ImportError as error:
-            raise ConfigError(f"{where} cannot be imported: {error}") from error
+    packages = sorted((i.name for i in pkgutil.iter_modules(__path__) if i.ispkg), key=lambda n: (n != "torch", n))
+    found = declarations(__name__, packages, ENTRY_POINTS, "ENGINE", EngineFacts, "engine")
     names = [facts.name for facts in found]
     if len(set(names)) != len(names) or "auto" in names:
         raise ConfigError(f"engines declared twice (or as 'auto'): {', '.join(names)}")

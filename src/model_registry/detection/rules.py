@@ -47,10 +47,15 @@ class Origin:
 
 def _media_kinds() -> dict[str, Kind]:
     """`model_type`s and architectures -> the media kind of the family that declares them."""
+    return _media_kinds_of(families.declared())
+
+
+@functools.cache
+def _media_kinds_of(declared: tuple[families.Family, ...]) -> dict[str, Kind]:
     found: dict[str, Kind] = {}
-    for declared in families.declared():
-        if declared.kind is not None:
-            found |= dict.fromkeys(declared.model_types | declared.architectures, declared.kind)
+    for family in declared:
+        if family.kind is not None:
+            found |= dict.fromkeys(family.model_types | family.architectures, family.kind)
     return found
 
 

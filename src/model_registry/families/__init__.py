@@ -9,11 +9,9 @@ one module: its declaration and its adapter (docs/families.md).
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.metadata
 import pkgutil
-from types import ModuleType
 
+from model_registry.backends import declarations
 from model_registry.errors import ConfigError
 from model_registry.families.base import STAGES, Facts, Family, Rule, Stage
 from model_registry.types import Capability, Kind
@@ -38,30 +36,11 @@ ENTRY_POINTS = "model_registry.families"
 _NOT_FAMILIES = frozenset({"base", "ports"})
 
 
-def _family_of(found: object, where: str) -> Family:
-    family = getattr(found, "FAMILY", None) if isinstance(found, ModuleType) else found
-    if not isinstance(family, Family):
-        raise ConfigError(f"{where} declares no model family (a `FAMILY = Family(...)`)")
-    return family
-
-
 @functools.cache
 def declared() -> tuple[Family, ...]:
     """Every family: this package's modules by name, then the installed entry points'."""
-    found = [
-        _family_of(importlib.import_module(f"{__name__}.{info.name}"), f"{__name__}.{info.name}")
-        for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name)
-        if info.name not in _NOT_FAMILIES
-    ]
-    for entry in sorted(importlib.metadata.entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
-        where = f"entry point '{entry.name}' ({entry.value}) of group {ENTRY_POINTS}"
-        try:
-            loaded = entry.load()
-        except ImportError as error:
-            raise ConfigError(f"{where} cannot be imported: {error}") from error
-        except ValueError as error:  # a declaration that contradicts itself (`Family.__post_init__`)
-            raise ConfigError(f"{where}: {error}") from error
-        found.append(_family_of(loaded, where))
+    modules = sorted(info.name for info in pkgutil.iter_modules(__path__) if info.name not in _NOT_FAMILIES)
+    found = declarations(__name__, modules, ENTRY_POINTS, "FAMILY", Family, "model family")
     names = [family.name for family in found]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -90,8 +69,3 @@ def capabilities_of_kind(kind: Kind) -> frozenset[Capability]:
 def engineless() -> frozenset[str]:
     """The families computed on numpy and tokenizers alone."""
     return frozenset(family.name for family in declared() if family.engineless)
-
-
-def rules() -> tuple[Rule, ...]:
-    """Every family's detection rules, in declaration order."""
-    return tuple(rule for family in declared() for rule in family.rules)

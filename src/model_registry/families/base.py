@@ -7,7 +7,7 @@ before anything heavy is imported (a light install has no torch at all).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -115,7 +115,7 @@ class Family:
     #: "module:function" building the Layout of a directory a layout-stage rule claims for it.
     layout: str | None = None
     #: The engines that serve it, as the docs' table lists them.
-    engines: tuple[str, ...] = field(default=("torch",))
+    engines: tuple[str, ...] = ("torch",)
 
     def __post_init__(self) -> None:
         for rule in self.rules:
