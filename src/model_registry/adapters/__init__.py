@@ -106,6 +106,14 @@ def adapter_for(layout: Layout) -> Adapter:
     engineless = families.engineless()
     # A Router is as light as its routes: its own module imports nothing heavy.
     light = family.engineless or (bool(layout.routes) and all(r.family in engineless for r in layout.routes.values()))
+    target = family.adapter
+    if not light and family.without_torch is not None and not torch_installed():
+        target, light = family.without_torch, True
     # Only a checkpoint whose own code is needed runs it; a native port runs transformers' code.
-    adapter: Adapter = _import(family.adapter, light=light)(layout, layout.remote_code)
+    adapter: Adapter = _import(target, light=light)(layout, layout.remote_code)
     return adapter
+
+
+def torch_installed() -> bool:
+    """Whether torch can be imported (found, not imported: the light install has none)."""
+    return importlib.util.find_spec("torch") is not None

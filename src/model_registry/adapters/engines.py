@@ -7,6 +7,7 @@ combination and the fix, instead of failing its first request.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -41,14 +42,18 @@ def check_engines(specs: Iterable[ModelSpec]) -> None:
     are checked here), and models whose files are not on this machine yet (a hub id not
     downloaded) are checked when they load instead. A static embedding model runs on no engine:
     an engine key in its entry is refused here wherever its files are on this machine already."""
+    from model_registry import adapters
     from model_registry.adapters.static import refused_settings
     from model_registry.detection.layout import detect
     from model_registry.zoo.sources import resolve_source
 
+    light = not adapters.torch_installed()
     for spec in specs:
         refused = refused_settings(spec.backend, spec.quantize, spec.dtype, spec.device, spec.cuda_graphs)
         if refused is not None and _static(spec):
             raise ConfigError(f"model '{spec.name}': {refused}")
+        if light:
+            _check_without_torch(spec)
         if spec.quantize != "fp8" and (spec.backend == "torch" or (spec.backend == "auto" and spec.quantize == "none")):
             continue
         try:
@@ -60,21 +65,71 @@ def check_engines(specs: Iterable[ModelSpec]) -> None:
         engine_for(spec.name, spec, layout, cuda=spec.device.startswith("cuda"))
 
 
+def _here(spec: ModelSpec) -> Path | None:
+    """The model's directory where its files are on this machine already (None: a hub id not
+    downloaded yet, which is not downloaded here)."""
+    from model_registry.zoo.sources import find_in_cache, resolve_source
+
+    source = spec.source
+    if source.startswith("package:") or Path(source).expanduser().is_dir():
+        return resolve_source(source, revision=spec.revision)
+    repo, _, pinned = source.partition("@")
+    return find_in_cache(repo, pinned or spec.revision)
+
+
 def _static(spec: ModelSpec) -> bool:
     """Whether the model's files are an engineless family's (static embeddings), read where they are on this machine
     already (no download, and no more of them than the detection rules' layout stage reads)."""
     from model_registry.detection import rules
     from model_registry.detection.layout import read_facts
-    from model_registry.zoo.sources import find_in_cache, resolve_source
 
-    source = spec.source
     try:
-        if source.startswith("package:") or Path(source).expanduser().is_dir():
-            root: Path | None = resolve_source(source, revision=spec.revision)
-        else:
-            repo, _, pinned = source.partition("@")
-            root = find_in_cache(repo, pinned or spec.revision)
+        root = _here(spec)
         claimed = None if root is None else rules.first(read_facts(root, spec), "layout")
     except (RegistryError, OSError, ValueError):  # unreadable files are the load's to report
         return False
     return claimed is not None and claimed.family in families.engineless()
+
+
+def _check_without_torch(spec: ModelSpec) -> None:
+    """Where torch is not installed: a model whose files are here and that needs it (a family
+    without a torch-free adapter, an engine other than ONNX Runtime, a model that ships no ONNX
+    graph) is a `ConfigError` naming the extra that serves it."""
+    from model_registry.detection.layout import detect
+
+    try:
+        root = _here(spec)
+        layout = None if root is None else detect(root, spec)
+    except (RegistryError, OSError, ValueError):  # unreadable files are the load's to report
+        return
+    if layout is None:
+        return
+    family = families.by_name(layout.family) if layout.family else families.default_of(layout.kind)
+    engineless = families.engineless()
+    if (
+        family is None
+        or family.engineless
+        or (layout.routes and all(r.family in engineless for r in layout.routes.values()))
+    ):
+        return
+    kind = layout.kind.value
+    said = f"model '{spec.name}' ({kind if family.name == kind else f'{family.name}, {kind}'})"
+    if family.without_torch is None:
+        raise ConfigError(f"{said} runs on torch, which is not installed: pip install 'infinity-server[torch]'")
+    if spec.backend not in ("auto", "onnx"):
+        raise ConfigError(
+            f"{said}: backend: {spec.backend} needs torch, which is not installed: pip install "
+            "'infinity-server[torch]' (without torch, a model runs on its own ONNX graph: backend: auto or onnx)"
+        )
+    if importlib.util.find_spec("onnxruntime") is None:
+        raise ConfigError(
+            f"{said} needs torch, or ONNX Runtime to run the ONNX graph it ships: pip install "
+            "'infinity-server[onnx]' (models that ship onnx/model.onnx) or 'infinity-server[torch]'"
+        )
+    from model_registry.backends.onnx.engine import own_candidates, own_names
+
+    if not own_candidates(layout.transformer_dir, spec.quantize, False):
+        raise ConfigError(
+            f"{said}: {layout.transformer_dir} ships no {own_names(spec.quantize, False)}, and exporting one needs "
+            "torch: pip install 'infinity-server[onnx-export]'"
+        )

@@ -125,10 +125,25 @@ class TextTokenizer:
     slow one's from the wrapper, which keeps no state between calls.
     """
 
-    def __init__(self, directory: Path, *, max_length: int | None, config: Any, do_lower_case: bool = False) -> None:
-        from transformers import AutoTokenizer
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_length: int | None,
+        config: Any,
+        do_lower_case: bool = False,
+        from_files: bool = False,
+    ) -> None:
+        """`from_files`: read the tokenizer with the `tokenizers` library alone (`FileTokenizer`),
+        for the install without transformers."""
+        if from_files:
+            from model_registry.adapters.tokenizer_files import FileTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(directory), **special_token_flags(directory))
+            self.tokenizer: Any = FileTokenizer(directory)
+        else:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(directory), **special_token_flags(directory))
         positions = usable_positions(config)
         if max_length and positions and max_length > positions and not rotary(config):
             # Past its position table the model fails every longer batch, or reads positions it

@@ -78,3 +78,19 @@ def weight_bytes(directory: Path) -> int:
         chosen = [p for p in files if p.suffix == ".safetensors"] or [p for p in files if p.suffix in _PICKLED]
         total += sum(p.stat().st_size for p in chosen)
     return total
+
+
+def activation_bytes(config: Any, max_batch_tokens: int, max_length: int | None, width: int) -> int:
+    """An honest upper estimate of a transformer's working memory for one full batch, its values
+    `width` bytes each.
+
+    Hidden states (a few live copies, the FFN expansion) grow with the token count; attention
+    scores grow with tokens x sequence length x heads.
+    """
+    hidden = int(getattr(config, "hidden_size", 768) or 768)
+    heads = int(getattr(config, "num_attention_heads", 12) or 12)
+    intermediate = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
+    length = max_length or 512
+    per_token = (6 * hidden + 2 * intermediate) * width
+    attention = heads * min(length, max_batch_tokens) * width * 2
+    return max_batch_tokens * (per_token + attention)

@@ -116,6 +116,9 @@ class Family:
     layout: str | None = None
     #: The engines that serve it, as the docs' table lists them.
     engines: tuple[str, ...] = ("torch",)
+    #: "module:Class" of the adapter that serves it where torch is not installed (None: it needs
+    #: torch): on the model's own ONNX graph, with ONNX Runtime, tokenizers and numpy alone.
+    without_torch: str | None = None
 
     def __post_init__(self) -> None:
         for rule in self.rules:

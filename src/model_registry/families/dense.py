@@ -14,6 +14,7 @@ FAMILY = Family(
     reference="sentence-transformers `SentenceTransformer.encode`",
     default=True,
     engines=("torch", "onnx", "ctranslate2"),
+    without_torch="model_registry.adapters.onnx_text:OnnxDense",
     rules=(
         # The kind stage's last rule: a directory no other rule claims is a dense embedder.
         Rule("dense", "kind", lambda f: True, "kind `dense`", order=100, kind=Kind.DENSE),

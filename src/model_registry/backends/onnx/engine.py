@@ -10,6 +10,7 @@ to float16 and runs on the CUDA execution provider with IO binding.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 import sys
 import threading
@@ -30,19 +31,45 @@ from model_registry.errors import ModelUnavailable
 
 log = logging.getLogger(__name__)
 
-#: Quantized variants of `onnx/model.onnx` as hubs publish them, most portable first.
-_OWN_INT8 = ("model_quantized.onnx", "model_int8.onnx", "model_qint8_avx2.onnx", "model_qint8_avx512_vnni.onnx")
+#: Quantized variants of `onnx/model.onnx` as hubs publish them: sentence-transformers' exports
+#: per instruction set (`model_qint8_avx512_vnni.onnx`, ...), then the generic names.
+_OWN_INT8_FOR = {
+    "avx512_vnni": ("model_qint8_avx512_vnni.onnx", "model_qint8_avx512.onnx"),
+    "avx512f": ("model_qint8_avx512.onnx",),
+    "avx2": ("model_quint8_avx2.onnx", "model_qint8_avx2.onnx"),
+    "asimd": ("model_qint8_arm64.onnx",),
+}
+_OWN_INT8 = ("model_quantized.onnx", "model_int8.onnx")
+#: What exporting a model that ships no graph imports (`export`, `build`), by package.
+EXPORT_NEEDS = ("torch", "transformers", "onnx", "onnxscript")
+
+
+def int8_names(flags: frozenset[str]) -> tuple[str, ...]:
+    """The quantized files to look for on a CPU with these flags, the one made for it first: a
+    variant made for an instruction set the CPU lacks would not run, or run slowly."""
+    made_for = [name for flag, names in _OWN_INT8_FOR.items() if flag in flags for name in names]
+    return (*dict.fromkeys(made_for), *_OWN_INT8)
+
+
+def _own_names(quantize: str, fp16: bool) -> tuple[str, ...]:
+    from model_registry.backends.choice import cpu_flags
+
+    return int8_names(cpu_flags()) if quantize == "int8" else ("model_fp16.onnx",) if fp16 else ("model.onnx",)
+
+
+def own_candidates(directory: Path, quantize: str, fp16: bool) -> list[Path]:
+    """The directory's own ONNX files for these options, in the order they are tried, unread."""
+    return [directory / "onnx" / name for name in _own_names(quantize, fp16) if (directory / "onnx" / name).is_file()]
 
 
 def own_file(directory: Path, task: Task, quantize: str, fp16: bool) -> Path | None:
     """The directory's own ONNX file for these options, if it has one with the right output."""
-    onnx_dir = directory / "onnx"
-    names = _OWN_INT8 if quantize == "int8" else ("model_fp16.onnx",) if fp16 else ("model.onnx",)
-    for name in names:
-        path = onnx_dir / name
-        if path.is_file() and _has_output(path, OUTPUT[task]):
-            return path
-    return None
+    return next((p for p in own_candidates(directory, quantize, fp16) if _has_output(p, OUTPUT[task])), None)
+
+
+def own_names(quantize: str, fp16: bool) -> str:
+    """The files `own_file` looks for, as a message names them."""
+    return " or ".join(f"onnx/{name}" for name in _own_names(quantize, fp16))
 
 
 def _has_output(path: Path, output: str) -> bool:
@@ -52,6 +79,18 @@ def _has_output(path: Path, output: str) -> bool:
         log.warning("the ONNX file %s cannot be read; exporting the model instead", path)
         return False
     return output in {o.name for o in session.get_outputs()}
+
+
+def _check_export(directory: Path, options: EngineOptions, fp16: bool) -> None:
+    """A model without its own graph for these options is exported (`build`), which needs torch,
+    transformers and onnx: where one is missing, say which file would have served and which extra
+    exports it."""
+    absent = [name for name in EXPORT_NEEDS if importlib.util.find_spec(name) is None]
+    if absent:
+        raise ModelUnavailable(
+            f"{directory} ships no {own_names(options.quantize, fp16)}, and exporting one needs "
+            f"{', '.join(absent)}: pip install 'infinity-server[onnx-export]'"
+        )
 
 
 class CudaProviderFailed(ModelUnavailable):
@@ -157,6 +196,8 @@ class OnnxEngine(Engine):
             return self._built[1], self._built[2]
         self._settle(options)
         own = own_file(directory, options.task, options.quantize, self.fp16)
+        if own is None:
+            _check_export(directory, options, self.fp16)
         path = own if own is not None else artifact_for(directory, options, self.fp16) / "model.onnx"
         self._built = ((directory, options), path, own is not None)
         return path, own is not None

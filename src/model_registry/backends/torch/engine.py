@@ -19,7 +19,7 @@ from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, En
 from model_registry.backends.devices import compute_slot
 from model_registry.backends.threads import cores
 from model_registry.backends.torch import fp8, graphs, packed
-from model_registry.backends.weights import from_pretrained_checked
+from model_registry.backends.weights import activation_bytes, from_pretrained_checked
 from model_registry.errors import ModelUnavailable
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -126,19 +126,8 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
 
 
 def activation_estimate(config: Any, max_batch_tokens: int, max_length: int | None, dtype: torch.dtype) -> int:
-    """An honest upper estimate of a transformer's working memory for one full batch.
-
-    Hidden states (a few live copies, the FFN expansion) grow with the token count; attention
-    scores grow with tokens x sequence length x heads.
-    """
-    hidden = int(getattr(config, "hidden_size", 768) or 768)
-    heads = int(getattr(config, "num_attention_heads", 12) or 12)
-    intermediate = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
-    length = max_length or 512
-    width = torch.finfo(dtype).bits // 8
-    per_token = (6 * hidden + 2 * intermediate) * width
-    attention = heads * min(length, max_batch_tokens) * width * 2
-    return max_batch_tokens * (per_token + attention)
+    """`weights.activation_bytes` in `dtype`."""
+    return activation_bytes(config, max_batch_tokens, max_length, torch.finfo(dtype).bits // 8)
 
 
 _AUTO_CLASSES = {
