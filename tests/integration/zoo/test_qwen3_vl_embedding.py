@@ -243,3 +243,11 @@ def test_kind_dense_serves_the_files_without_sentence_transformers_modules(
         answer = opened.post("/v1/embeddings", json={"model": "bare", "input": TEXTS})
     expected, _ = reference.embed([{"text": t} for t in TEXTS])
     np.testing.assert_allclose(vectors(answer), expected, atol=TOLERANCE)
+
+
+def test_the_model_lists_images_before_it_loads(serve: Any, files: Path) -> None:
+    live = serve({"models": [{"name": "cold", "source": str(files)}]})
+    with live.client() as opened:
+        listed = {m["id"]: m for m in opened.get("/v1/models").json()["data"]}
+    assert listed["cold"]["kind"] == "dense"
+    assert {"embed_text", "embed_image"} <= set(listed["cold"]["capabilities"])
