@@ -158,14 +158,17 @@ class Registry:
     def _kind_from_files(self, spec: ModelSpec) -> tuple[Kind, frozenset[Capability]]:
         """What a model that is not loaded is, from its configuration or its files (read once)."""
         if spec.name not in self._from_files:
-            from model_registry.adapters import capabilities_of_kind, detect_kind
+            from model_registry.adapters import capabilities_of_kind, detect_served
 
             try:
-                kind = spec.kind if isinstance(spec.kind, Kind) else detect_kind(spec)
+                served = detect_served(spec)
             except Exception:  # an unreadable model says why when it loads; here it stays unknown
                 log.debug("cannot detect the kind of '%s' from its files", spec.name, exc_info=True)
-                return Kind.DENSE, frozenset()
-            self._from_files[spec.name] = (kind, capabilities_of_kind(kind))
+                if isinstance(spec.kind, Kind):
+                    served = (spec.kind, capabilities_of_kind(spec.kind))
+                else:
+                    return Kind.DENSE, frozenset()
+            self._from_files[spec.name] = served
         return self._from_files[spec.name]
 
     def _handle(self, name: str) -> ModelHandle:

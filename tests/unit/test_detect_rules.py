@@ -49,6 +49,8 @@ SPARSE_STATIC = "sentence_transformers.sparse_encoder.models.SparseStaticEmbeddi
 
 #: Qwen3-VL-Embedding's config.json, as far as detection reads it.
 QWEN3_VL = {"model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"], "vision_config": {}}
+#: Qwen2.5-VL's, which no family serves.
+QWEN2_5_VL = {**QWEN3_VL, "model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"]}
 
 
 def labels(count: int) -> dict[str, Any]:
@@ -108,8 +110,16 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"config.json": BERT}, {"adapters": {"legal": "/adapters/legal"}}),
         Case({"config.json": BERT}),
     ),
+    "qwen3-vl-not-embedding": (
+        Case({"config.json": QWEN3_VL}),
+        Case({"config.json": QWEN3_VL, **POOLED}),
+    ),
+    "qwen3-vl-embedding": (
+        Case({"config.json": QWEN3_VL}, {"kind": "dense"}),
+        Case({"config.json": QWEN2_5_VL}, {"kind": "dense"}),
+    ),
     "vision-language": (
-        Case({"config.json": QWEN3_VL, **POOLED}, {"kind": "dense"}),
+        Case({"config.json": QWEN2_5_VL, **POOLED}, {"kind": "dense"}),
         Case({"config.json": {**QWEN3_VL, "model_type": "siglip", "architectures": ["SiglipModel"]}}),
     ),
     "jina-hf-adapters": (
@@ -220,6 +230,7 @@ DECIDES: dict[str, Kind | str | bool] = {
     "jina-lora": "jina_lora",
     "peft-adapters": "peft_lora",
     "siglip2-naflex": "naflex",
+    "qwen3-vl-embedding": "qwen3_vl",
     "llm-reranker": "llm_reranker",
 }
 RULES = {rule.name: rule for rule in rules.all_rules()}

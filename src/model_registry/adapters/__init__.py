@@ -15,12 +15,12 @@ from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.config import ModelSpec
 from model_registry.errors import ModelUnavailable
 from model_registry.families import capabilities_of_kind
-from model_registry.types import Kind
+from model_registry.types import Capability, Kind
 
 if TYPE_CHECKING:
     from model_registry.detection.layout import Layout
 
-__all__ = ["Adapter", "LoadOptions", "capabilities_of_kind", "create_adapter", "detect_kind"]
+__all__ = ["Adapter", "LoadOptions", "capabilities_of_kind", "create_adapter", "detect_kind", "detect_served"]
 
 
 def detect_kind(spec: ModelSpec) -> Kind:
@@ -28,6 +28,20 @@ def detect_kind(spec: ModelSpec) -> Kind:
 
     A hub model that is not in the local cache yet is `ModelUnavailable` here (it downloads on load).
     """
+    return _layout_of(spec).kind
+
+
+def detect_served(spec: ModelSpec) -> tuple[Kind, frozenset[Capability]]:
+    """The kind of a model and what it can do, from its files alone (as `detect_kind`): the
+    capabilities of the family that serves it, where it declares its own, else its kind's."""
+    layout = _layout_of(spec)
+    family = families.by_name(layout.family) if layout.family else None
+    if family is not None and family.capabilities:
+        return layout.kind, family.capabilities
+    return layout.kind, capabilities_of_kind(layout.kind)
+
+
+def _layout_of(spec: ModelSpec) -> Layout:
     from pathlib import Path
 
     from model_registry.detection.layout import detect
@@ -40,7 +54,7 @@ def detect_kind(spec: ModelSpec) -> Kind:
         if cached is None:
             raise ModelUnavailable(f"'{source}' is not downloaded yet")
         source = str(cached)
-    return detect(resolve_source(source, revision=spec.revision), spec).kind
+    return detect(resolve_source(source, revision=spec.revision), spec)
 
 
 #: Held while a load imports its adapter and, the first time, transformers' model code: transformers'

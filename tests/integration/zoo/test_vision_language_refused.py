@@ -1,6 +1,7 @@
-"""Vision-language models are refused, never served as text models: Qwen3-VL-Embedding as published
-(Qwen3VLForConditionalGeneration with sentence-transformers modules that last-token pool it) and
-Qwen3-VL-Reranker (no modules), with no `kind`, and with a `kind` that would read them as text."""
+"""Vision-language models no family serves are refused, never served as text models: Qwen3-VL-Reranker
+(Qwen3VLForConditionalGeneration with no sentence-transformers modules) with no `kind` or as a
+reranker, Qwen3-VL-Embedding's files asked to be a reranker, and Qwen2.5-VL whatever its `kind`.
+Qwen3-VL-Embedding itself is served (`test_qwen3_vl_embedding.py`)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,19 @@ from tests.builders.text import st_layout
 pytestmark = pytest.mark.integration
 
 
-def qwen3_vl(root: Path, *, modules: bool) -> Path:
-    """Qwen3-VL's config.json as published (text and vision configs), at a tiny size."""
-    from transformers import Qwen3VLConfig
+def qwen3_vl(root: Path, *, modules: bool, generation: str = "3") -> Path:
+    """Qwen3-VL's config.json as published (text and vision configs), at a tiny size; or, with
+    `generation="2.5"`, Qwen2.5-VL's."""
+    from transformers import Qwen2_5_VLConfig, Qwen3VLConfig
 
     text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
     vision = {"hidden_size": 32, "intermediate_size": 64, "depth": 2, "num_heads": 2, "out_hidden_size": 32}
-    config = Qwen3VLConfig(text_config=text, vision_config=vision)
-    config.architectures = ["Qwen3VLForConditionalGeneration"]
+    if generation == "2.5":
+        config: Any = Qwen2_5_VLConfig(text_config=text, vision_config=vision)
+        config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+    else:
+        config = Qwen3VLConfig(text_config=text, vision_config=vision)
+        config.architectures = ["Qwen3VLForConditionalGeneration"]
     config.save_pretrained(root)
     if modules:
         st_layout(root, pooling="lasttoken", hidden=32, normalize=True, max_seq_length=64)
@@ -29,18 +35,19 @@ def qwen3_vl(root: Path, *, modules: bool) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("name", "modules", "kind"),
+    ("name", "modules", "kind", "generation"),
     [
-        ("embedding", True, None),
-        ("embedding", True, "dense"),
-        ("reranker", False, None),
-        ("reranker", False, "reranker"),
+        ("reranker", False, None, "3"),
+        ("reranker", False, "reranker", "3"),
+        ("embedding", True, "reranker", "3"),
+        ("qwen2.5", True, None, "2.5"),
+        ("qwen2.5", True, "dense", "2.5"),
     ],
 )
 def test_a_vision_language_model_is_refused_naming_what_it_is(
-    serve: Any, tmp_path: Path, name: str, modules: bool, kind: str | None
+    serve: Any, tmp_path: Path, name: str, modules: bool, kind: str | None, generation: str
 ) -> None:
-    directory = qwen3_vl(tmp_path / name, modules=modules)
+    directory = qwen3_vl(tmp_path / name, modules=modules, generation=generation)
     entry = {"name": "vl", "source": str(directory), **({"kind": kind} if kind else {})}
     live = serve({"models": [entry]})
     with live.client() as client:
@@ -51,4 +58,6 @@ def test_a_vision_language_model_is_refused_naming_what_it_is(
         assert answer.status_code == 503, answer.text
         message = answer.json()["error"]["message"]
         assert "vision-language model" in message
-        assert "Qwen3VLForConditionalGeneration" in message
+        assert (
+            "Qwen2_5_VLForConditionalGeneration" if generation == "2.5" else "Qwen3VLForConditionalGeneration"
+        ) in message
