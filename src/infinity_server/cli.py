@@ -1,4 +1,4 @@
-"""`infinity-server serve | models | download`."""
+"""`infinity-server serve | models | download | gate`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
         "download", help="fetch every configured hub model into the Hugging Face cache, check the others, exit"
     )
     download.add_argument("--config", help="YAML file with 'models' and 'server' (env INFINITY_SERVER_CONFIG)")
+    gate = commands.add_parser(
+        "gate", help="the front of model groups that scale to zero: holds their requests while a replica starts"
+    )
+    gate.add_argument("--config", required=True, help="YAML file with a 'gate' section (docs/deploy.md)")
+    gate.add_argument("--host", help="address to bind (default: the file's, else 0.0.0.0)")
+    gate.add_argument("--port", type=int, help="port to bind (default: the file's, else 7997)")
     return parser
 
 
@@ -74,6 +80,28 @@ async def _serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, on_signal)
     trigger = functools.partial(drain_on, signalled, app.state.drain, settings.server.graceful_timeout, stop)
     await serve(app, config, shutdown_trigger=trigger)  # type: ignore[arg-type]
+
+
+async def _gate(args: argparse.Namespace) -> None:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    from infinity_server.gate import create_gate_app, load_gate_settings
+    from infinity_server.logs import configure_logging
+
+    settings = load_gate_settings(args.config)
+    configure_logging("info", "json")
+    config = Config()
+    config.bind = [f"{args.host or settings.host}:{args.port or settings.port}"]
+    config.graceful_timeout = 5.0
+    config.accesslog = None
+    config.backlog = 2048
+    config.errorlog = logging.getLogger("hypercorn.error")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(create_gate_app(settings), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
 
 def _models(args: argparse.Namespace) -> None:
@@ -124,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             _run(_serve(args))
+        elif args.command == "gate":
+            _run(_gate(args))
         elif args.command == "download":
             return _download(args)
         else:

@@ -83,3 +83,37 @@ The group's models.yaml: the chart-wide `server` section, the group's own, then 
 {{- add (int $s.preStopSleepSeconds) (int (ceil $s.gracefulTimeoutSeconds)) 10 }}
 {{- end }}
 {{- end }}
+
+{{/* The gate's objects: <fullname>-gate. */}}
+{{- define "infinity.gateFullname" -}}
+{{- printf "%s-gate" (include "infinity.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The groups that scale to zero, merged over groupDefaults, as a YAML list under `groups`. */}}
+{{- define "infinity.zeroGroups" -}}
+{{- $found := list }}
+{{- range .Values.groups }}
+{{- $g := include "infinity.group" (dict "root" $ "group" .) | fromYaml }}
+{{- if $g.autoscaling.scaleToZero.enabled }}
+{{- $found = append $found $g }}
+{{- end }}
+{{- end }}
+{{- toYaml (dict "groups" $found) }}
+{{- end }}
+
+{{/* The gate's configuration (infinity_server.gate): one entry per group that scales to zero. */}}
+{{- define "infinity.gateConfig" -}}
+{{- $groups := list }}
+{{- range (include "infinity.zeroGroups" . | fromYaml).groups }}
+{{- $ctx := dict "root" $ "group" . }}
+{{- $url := printf "http://%s:%d" (include "infinity.groupFullname" $ctx) (int $.Values.service.port) }}
+{{- $models := list }}
+{{- range .models }}
+{{- $models = append $models .name }}
+{{- end }}
+{{- $groups = append $groups (dict "name" .name "url" $url "models" $models) }}
+{{- end }}
+{{- $gate := .Values.gate }}
+{{- $config := dict "port" (int .Values.service.port) "header" .Values.gateway.header "wait_seconds" $gate.waitSeconds "retry_after" (int $gate.retryAfter) "max_waiting" (int $gate.maxWaiting) "max_body_bytes" (int $gate.maxBodyBytes) "groups" $groups }}
+{{- toYaml (dict "gate" $config) }}
+{{- end }}
