@@ -132,12 +132,15 @@ class EmbedItem:
 @dataclass(frozen=True, slots=True)
 class PairItem:
     """A (query, document) pair scored by a cross-encoder; `instruction` is the request's own
-    (LLM rerankers whose prompt has one), None for the model's default."""
+    (LLM rerankers whose prompt has one), None for the model's default. `media` is the document's
+    image, for a cross-encoder that reads images (`Adapter.rerank_media`); `document` is then
+    its text, empty for an image alone."""
 
     query: str
     document: str
     truncate: bool = True
     instruction: str | None = None
+    media: Media | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,30 @@ HIDDEN = 32
 
 
 def tiny_qwen3_vl_embedding(root: Path, *, seed: int = 0, prompts: dict[str, str] | None = None) -> Path:
+    tiny_qwen3_vl(root, seed=seed)
+    st_layout(root, pooling="lasttoken", hidden=HIDDEN, normalize=True, max_seq_length=512, prompts=prompts)
+    settings_path = root / "sentence_bert_config.json"
+    settings = json.loads(settings_path.read_text())
+    settings |= {
+        "transformer_task": "feature-extraction",
+        "message_format": "structured",
+        "processing_kwargs": {"chat_template": {"add_generation_prompt": True}},
+    }
+    settings_path.write_text(json.dumps(settings))
+    return root
+
+
+def tiny_qwen3_vl_reranker(root: Path, *, seed: int = 0) -> Path:
+    """Qwen3-VL-Reranker as published: the Qwen3-VL files alone (no sentence-transformers modules),
+    whose tokenizer holds 'yes' and 'no' as single tokens."""
+    tiny_qwen3_vl(root, seed=seed)
+    return root
+
+
+def tiny_qwen3_vl(root: Path, *, seed: int = 0) -> Path:
+    """`Qwen3VLForConditionalGeneration`'s config and weights (the LM head untied from the
+    embeddings, so that the head's rows are read, not the embeddings'), the tokenizer and the
+    processor."""
     from transformers import (
         Qwen2VLImageProcessor,
         Qwen3VLConfig,
@@ -87,13 +111,4 @@ def tiny_qwen3_vl_embedding(root: Path, *, seed: int = 0, prompts: dict[str, str
     config = Qwen3VLConfig(text_config=text, vision_config=vision, **ids)
     Qwen3VLForConditionalGeneration(config).eval().save_pretrained(root)
     processor.save_pretrained(root)
-    st_layout(root, pooling="lasttoken", hidden=HIDDEN, normalize=True, max_seq_length=512, prompts=prompts)
-    settings_path = root / "sentence_bert_config.json"
-    settings = json.loads(settings_path.read_text())
-    settings |= {
-        "transformer_task": "feature-extraction",
-        "message_format": "structured",
-        "processing_kwargs": {"chat_template": {"add_generation_prompt": True}},
-    }
-    settings_path.write_text(json.dumps(settings))
     return root

@@ -114,6 +114,14 @@ CASES: dict[str, tuple[Case, Case | None]] = {
         Case({"config.json": QWEN3_VL}),
         Case({"config.json": QWEN3_VL, **POOLED}),
     ),
+    "qwen3-vl-reranker": (
+        Case({"config.json": QWEN3_VL}, {"kind": "reranker"}),
+        Case({"config.json": QWEN3_VL, **POOLED}, {"kind": "reranker"}),
+    ),
+    "qwen3-vl-reranker-keys": (
+        Case({"config.json": QWEN3_VL}, {"kind": "reranker", "true_token": "Yes"}),
+        Case({"config.json": QWEN3_VL}, {"kind": "reranker", "instruction": "Find pets"}),
+    ),
     "qwen3-vl-embedding": (
         Case({"config.json": QWEN3_VL}, {"kind": "dense"}),
         Case({"config.json": QWEN2_5_VL}, {"kind": "dense"}),
@@ -231,6 +239,7 @@ DECIDES: dict[str, Kind | str | bool] = {
     "peft-adapters": "peft_lora",
     "siglip2-naflex": "naflex",
     "qwen3-vl-embedding": "qwen3_vl",
+    "qwen3-vl-reranker": "qwen3_vl_reranker",
     "llm-reranker": "llm_reranker",
 }
 RULES = {rule.name: rule for rule in rules.all_rules()}

@@ -29,8 +29,8 @@ ORDER = [
     *("remote-code-offline", "remote-code"),
     *("bge-m3", "colbert-ai", "pylate", "splade", "cross-encoder", "classifier", "llm-reranker-template"),
     *("media", "causal-lm-without-pooling", "seq2seq-without-pooling", "bare-masked-lm", "dense"),
-    *("adapters-elsewhere", "rerank-keys-elsewhere", "jina-lora-not-dense", "jina-lora", "peft-adapters"),
-    *("siglip2-naflex", "qwen3-vl-embedding", "llm-reranker"),
+    *("adapters-elsewhere", "qwen3-vl-reranker-keys", "rerank-keys-elsewhere", "jina-lora-not-dense"),
+    *("jina-lora", "peft-adapters", "qwen3-vl-reranker", "siglip2-naflex", "qwen3-vl-embedding", "llm-reranker"),
 ]
 
 

@@ -197,7 +197,11 @@ async def rerank_images(request: Request, body: MediaRerankRequest) -> ImageRera
     async with fetched_media(request, body.model, body.documents, Modality.IMAGE) as media:
         pages, origins = await document_pages(registry, body.model, media)
         results = await registry.rerank_media(
-            body.model, body.query, [p for p in pages if isinstance(p, Media)], priority=body.priority
+            body.model,
+            body.query,
+            [p for p in pages if isinstance(p, Media)],
+            priority=body.priority,
+            instruction=body.instruction,
         )
     shown = body.documents if body.return_documents else None
     return rerank_response(body.model, results, body.top_n, shown, origins)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from infinity_server.schemas.common import MAX_COUNT, Body, InfinityDimensions, Name, NonEmpty, OptionalName, Priority
 
@@ -32,4 +32,6 @@ class MediaRerankRequest(Body):
     documents: Annotated[list[NonEmpty], Field(min_length=1)]
     top_n: StrictInt | None = Field(default=None, ge=1, le=MAX_COUNT)
     return_documents: StrictBool = False
+    #: A cross-encoder's instruction for this request (Qwen3-VL-Reranker's).
+    instruction: StrictStr | None = None
     priority: Priority = None

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from model_registry.types import Capability, Item, Kind, MediaLimits, Prepared, Result, Similarity
+from model_registry.types import Capability, Item, Kind, MediaLimits, Modality, Prepared, Result, Similarity
 
 if TYPE_CHECKING:
     from model_registry.adapters.text import TextTokenizer
@@ -73,6 +73,9 @@ class Adapter(abc.ABC):
     task_prompts: Mapping[str, str] = {}
     #: Whether a rerank request may give its own instruction (`PairItem.instruction`).
     rerank_instructions: bool = False
+    #: The media a cross-encoder scores as documents (`PairItem.media`) besides text: image
+    #: documents of `/v1/rerank/images` are scored as pairs when it lists images.
+    rerank_media: frozenset[Modality] = frozenset()
     #: Where the loaded model runs and in what precision (a torch dtype or its name); None
     #: until loaded, or where the adapter has no say (the configured values stand then).
     device: str | None = None

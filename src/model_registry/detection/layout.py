@@ -404,9 +404,12 @@ def _notes(spec: ModelSpec, origin: rules.Origin) -> dict[str, str]:
 def _rerank_prompt(
     directory: Path, family: str | None, model_type: str, architectures: tuple[str, ...], spec: ModelSpec
 ) -> RerankPrompt | None:
-    """The prompt of a causal LM served as a reranker (the `llm-reranker` family)."""
-    from model_registry.zoo.rerank_templates import resolve
+    """The prompt of a causal LM served as a reranker (the `llm-reranker` family), or
+    Qwen3-VL-Reranker's, whose entry may set its default instruction."""
+    from model_registry.zoo.rerank_templates import qwen3_vl_prompt, resolve
 
+    if family == "qwen3_vl_reranker":
+        return qwen3_vl_prompt(spec.instruction)
     if family != "llm_reranker":
         return None
     tokenizer_config = read_json(directory / "tokenizer_config.json")

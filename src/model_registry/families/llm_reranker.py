@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from model_registry.families.base import Facts, Family, Rule
+from model_registry.families.qwen3_vl import is_reranker as is_qwen3_vl_reranker
 from model_registry.types import Capability, Kind
 from model_registry.zoo.files import is_causal_lm, reranker_chat_template
 
@@ -37,8 +38,9 @@ FAMILY = Family(
         Rule(
             "rerank-keys-elsewhere",
             "family",
-            lambda f: bool(f.rerank_keys) and not _llm_reranker(f),
-            "refused: `template`, `true_token`, `false_token` or `instruction` on a model that is not an LLM reranker",
+            lambda f: bool(f.rerank_keys) and not _llm_reranker(f) and not is_qwen3_vl_reranker(f),
+            "refused: `template`, `true_token`, `false_token` or `instruction` on a model that is not an LLM reranker "
+            "(Qwen3-VL-Reranker takes `instruction`)",
             order=10,
             refusal=_rerank_keys_message,
         ),

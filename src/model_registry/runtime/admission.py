@@ -77,6 +77,8 @@ def _item_price(item: Item, max_length: int | None) -> int:
         tokens = len(content.ids) if isinstance(content, TokenIds) else _tokens(len(item.prompt) + len(content.text))
         truncate = item.truncate
     elif isinstance(item, PairItem):
+        if item.media is not None:  # an image document: its visual tokens are known once decoded
+            return max_length or MEDIA_COST
         tokens = _tokens(len(item.query) + len(item.document) + len(item.instruction or ""))
         truncate = item.truncate
     elif isinstance(item, ClassifyItem):

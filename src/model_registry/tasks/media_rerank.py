@@ -1,7 +1,8 @@
 """Rerank images or audio clips against a text query on top of `Runner.run`.
 
-Multi-vector models (ColPali) score by MaxSim over their token vectors; the others (CLIP,
-open_clip, CLAP) by the cosine of their vectors in the shared space.
+A cross-encoder that reads images (Qwen3-VL-Reranker: `Adapter.rerank_media`) scores each
+(query, image) pair itself. Multi-vector models (ColPali) score by MaxSim over their token
+vectors; the others (CLIP, open_clip, CLAP) by the cosine of their vectors in the shared space.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import numpy as np
 from model_registry.errors import InvalidInput, UnsupportedOperation
 from model_registry.media.similarity import cosine, maxsim
 from model_registry.runtime.runner import Runner
+from model_registry.tasks import validation
 from model_registry.tasks.embedding import embed
-from model_registry.types import Capability, Embedding, Media, Output, Result, Results, Score
+from model_registry.types import Capability, Embedding, Media, Modality, Output, PairItem, Result, Results, Score
 
 
 async def rerank_media(
@@ -27,9 +29,16 @@ async def rerank_media(
     *,
     priority: int | None = None,
     timeout: float | None = None,
+    instruction: str | None = None,
 ) -> Results:
-    """Score each image (or audio clip) against a text query; one `Score` per item, in input order."""
+    """Score each image (or audio clip) against a text query; one `Score` per item, in input order.
+    `instruction` replaces a cross-encoder's default instruction (one that takes instructions)."""
     adapter = await registry.adapter(model)
+    validation.check_instruction_length(instruction, registry.config.max_input_chars)
+    validation.check_instruction(adapter, model, instruction)
+    if Capability.RERANK in adapter.capabilities:
+        pairs = media_pairs(model, adapter.rerank_media, query, media, instruction)
+        return await registry.run(model, pairs, priority=priority, timeout=timeout)
     outputs = media_rerank_outputs(model, adapter.capabilities, query)
     options: dict[str, Any] = {"outputs": outputs, "priority": priority, "timeout": timeout}
     asked, documents = await asyncio.gather(
@@ -37,6 +46,22 @@ async def rerank_media(
     )
     # MaxSim over many pages is real compute: off the event loop, like every scoring step.
     return await asyncio.to_thread(media_scores, asked, documents, multivector=Output.MULTIVECTOR in outputs)
+
+
+def media_pairs(
+    model: str, readable: frozenset[Modality], query: str, media: Sequence[Media], instruction: str | None
+) -> list[PairItem]:
+    """(query, document) pairs of a cross-encoder whose documents are media: each item's modality
+    must be one it reads."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInput("the query must be non-empty text", param="query")
+    for index, item in enumerate(media):
+        if item.modality not in readable:
+            what = f"reads {', '.join(sorted(m.value for m in readable))} documents" if readable else "reads text only"
+            raise UnsupportedOperation(
+                f"the model '{model}' {what}; document {index} is {item.modality.value}", param="documents"
+            )
+    return [PairItem(query, "", True, instruction, item) for item in media]
 
 
 def media_rerank_outputs(model: str, capabilities: frozenset[Capability], query: str) -> tuple[Output, ...]:

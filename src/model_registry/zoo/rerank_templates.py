@@ -105,6 +105,24 @@ RECORDS: dict[str, RerankPrompt] = {
 BY_MODEL_TYPE = {"qwen3": "qwen3-reranker", "gemma": "bge-reranker-v2-gemma", "qwen2": "mxbai-rerank-v2"}
 
 
+#: Qwen3-VL-Reranker's prompt, as its reference code (the Qwen3-VL-Embedding repository's
+#: `Qwen3VLReranker`) builds it: a system message with `QWEN3_VL_SYSTEM`, then one user message of
+#: parts "<Instruct>: " + instruction, "<Query>:", the query's, "\n<Document>:", the document's
+#: (its image before its text), rendered by the model's chat template with the assistant's turn
+#: opened. The model reads no `pieces`: its adapter renders the conversation.
+QWEN3_VL_RERANKER = "qwen3-vl-reranker"
+QWEN3_VL_SYSTEM = (
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the "
+    'answer can only be "yes" or "no".'
+)
+QWEN3_VL_INSTRUCTION = "Given a search query, retrieve relevant candidates that answer the query."
+
+
+def qwen3_vl_prompt(instruction: str | None) -> RerankPrompt:
+    """Qwen3-VL-Reranker's tokens and default instruction (the entry's `instruction`, if set)."""
+    return RerankPrompt(QWEN3_VL_RERANKER, None, "yes", "no", instruction or QWEN3_VL_INSTRUCTION)
+
+
 def parse(template: str) -> list[tuple[str, str | None]]:
     """(literal text, field or None) pieces of a template; `ValueError` names what is wrong.
 

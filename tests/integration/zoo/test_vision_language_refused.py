@@ -1,7 +1,8 @@
-"""Vision-language models no family serves are refused, never served as text models: Qwen3-VL-Reranker
-(Qwen3VLForConditionalGeneration with no sentence-transformers modules) with no `kind` or as a
-reranker, Qwen3-VL-Embedding's files asked to be a reranker, and Qwen2.5-VL whatever its `kind`.
-Qwen3-VL-Embedding itself is served (`test_qwen3_vl_embedding.py`)."""
+"""Vision-language models no family serves are refused, never served as text models: Qwen3-VL's
+files with no sentence-transformers modules and no `kind` (Qwen3-VL-Reranker's and the chat
+models' alike: the refusal says to set `kind: reranker`), Qwen3-VL-Embedding's files asked to be a
+reranker, and Qwen2.5-VL whatever its `kind`. Qwen3-VL-Embedding and, with `kind: reranker`,
+Qwen3-VL-Reranker are served (`test_qwen3_vl_embedding.py`, `test_qwen3_vl_reranker.py`)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ def qwen3_vl(root: Path, *, modules: bool, generation: str = "3") -> Path:
     ("name", "modules", "kind", "generation"),
     [
         ("reranker", False, None, "3"),
-        ("reranker", False, "reranker", "3"),
         ("embedding", True, "reranker", "3"),
         ("qwen2.5", True, None, "2.5"),
         ("qwen2.5", True, "dense", "2.5"),
@@ -61,3 +61,5 @@ def test_a_vision_language_model_is_refused_naming_what_it_is(
         assert (
             "Qwen2_5_VLForConditionalGeneration" if generation == "2.5" else "Qwen3VLForConditionalGeneration"
         ) in message
+        if name == "reranker":  # nothing in its files says it reranks: the entry must
+            assert "`kind: reranker`" in message
