@@ -86,9 +86,30 @@ def _import(target: str, *, light: bool = False) -> Any:
 
 
 def _import_transformers() -> None:
-    """transformers' model, configuration and tokenizer code, imported once (after: no-ops)."""
-    import transformers.modeling_utils  # noqa: F401
-    from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: F401
+    """transformers' model, configuration and tokenizer code, imported once (after: no-ops).
+
+    Its model code imports torchao wherever torchao is installed (the `fp8` extra), for checkpoints
+    saved quantized by torchao, which this server does not serve; the import takes most of a
+    second and logs two deprecation warnings at every start. So transformers is told torchao is
+    absent while its model code is imported: the fp8 engine imports torchao itself
+    (`backends.torch.fp8`), only for a model that asks for fp8."""
+    import transformers.utils
+    import transformers.utils.import_utils as found
+
+    modules = [m for m in (transformers.utils, found) if hasattr(m, "is_torchao_available")]
+    kept = [m.is_torchao_available for m in modules]
+    try:
+        for module in modules:
+            module.is_torchao_available = _absent
+        import transformers.modeling_utils
+        from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: F401
+    finally:
+        for module, function in zip(modules, kept, strict=True):
+            module.is_torchao_available = function
+
+
+def _absent(*args: Any, **kwargs: Any) -> bool:
+    return False
 
 
 def create_adapter(spec: ModelSpec) -> Adapter:
