@@ -74,6 +74,9 @@ class GateSettings(BaseModel):
     max_waiting: int = Field(default=1024, ge=1)
     #: The largest body the gate reads (it reads the whole body, for the model and to resend it).
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    #: The bodies of all the requests the gate holds at once (waiting or being sent); a request
+    #: whose body would pass it is answered 503 at once.
+    max_held_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     groups: list[GateGroup] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -129,6 +132,8 @@ class Gate:
         self.groups = {g.name: GroupState(g) for g in settings.groups}
         self.by_model = {m: g.name for g in settings.groups for m in g.models}
         self.client: httpx.AsyncClient | None = None
+        #: Bytes of the bodies held now (`max_held_bytes`).
+        self.held = 0
         self.metrics = CollectorRegistry()
         labels = ["group"]
         self.requests_total = Counter(
@@ -225,6 +230,9 @@ class Gate:
         name = state.group.name
         if not state.ready and state.waiting >= self.settings.max_waiting:
             return self._unavailable(name, f"{state.waiting} requests already wait for a replica of group '{name}'")
+        if self.held + len(body) > self.settings.max_held_bytes:
+            return self._unavailable(name, "the gate holds as many request bodies as it may")
+        self.held += len(body)
         state.requests += 1
         self.requests_total.labels(name).inc()
         state.in_flight += 1
@@ -240,6 +248,8 @@ class Gate:
                     )
                 try:
                     upstream = await self._send(state, request, body)
+                    self.held -= len(body)
+                    body = b""  # sent: no longer the gate's to hold
                 except httpx.ConnectError:
                     # Nothing was sent: the replica went away (scaled down, restarted). Wait again.
                     state.not_ready()
@@ -255,6 +265,7 @@ class Gate:
                     background=BackgroundTask(self._finish, state, upstream),
                 )
         finally:
+            self.held -= len(body)
             if done:
                 self._out(state)
 

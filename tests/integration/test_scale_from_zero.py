@@ -110,6 +110,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[str, str, int, Path]]:
                 "wait_seconds": wait,
                 "retry_after": RETRY_AFTER,
                 "max_body_bytes": 4096,
+                "max_held_bytes": 3000,
                 "groups": [
                     {"name": "embed", "url": f"http://127.0.0.1:{replica_port}", "models": ["fake"]},
                     {"name": "cold", "url": f"http://127.0.0.1:{free_port()}", "models": ["cold-model"]},
@@ -184,4 +185,10 @@ def test_what_the_gate_cannot_route_is_a_4xx(setup: tuple[str, str, int, Path]) 
     assert "X-Gateway-Model-Name" in nameless.json()["error"]["message"]
     large = httpx.post(f"{gate}/v1/embeddings", json={"model": "fake", "input": ["a" * 5000]})
     assert large.status_code == 413
+    # within the body limit, past what the gate may hold of bodies at once: 503 at once, no wait
+    started = time.monotonic()
+    held = httpx.post(f"{gate}/v1/embeddings", json={"model": "cold-model", "input": ["a" * 3500]})
+    assert (held.status_code, held.headers["Retry-After"]) == (503, str(RETRY_AFTER))
+    assert "as many request bodies" in held.json()["error"]["message"]
+    assert time.monotonic() - started < 5
     assert httpx.get(f"{gate}/gate/groups/embed").json()["in_flight"] == 0

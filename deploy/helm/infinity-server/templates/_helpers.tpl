@@ -114,6 +114,6 @@ The group's models.yaml: the chart-wide `server` section, the group's own, then 
 {{- $groups = append $groups (dict "name" .name "url" $url "models" $models) }}
 {{- end }}
 {{- $gate := .Values.gate }}
-{{- $config := dict "port" (int .Values.service.port) "header" .Values.gateway.header "wait_seconds" $gate.waitSeconds "retry_after" (int $gate.retryAfter) "max_waiting" (int $gate.maxWaiting) "max_body_bytes" (int $gate.maxBodyBytes) "groups" $groups }}
+{{- $config := dict "port" (int .Values.service.port) "header" .Values.gateway.header "wait_seconds" $gate.waitSeconds "retry_after" (int $gate.retryAfter) "max_waiting" (int $gate.maxWaiting) "max_body_bytes" (int $gate.maxBodyBytes) "max_held_bytes" (int $gate.maxHeldBytes) "groups" $groups }}
 {{- toYaml (dict "gate" $config) }}
 {{- end }}
