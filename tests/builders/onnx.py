@@ -11,9 +11,12 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from model_registry.backends.base import Task
 
-def ship_graph(root: Path, *, quantized: tuple[str, ...] = ()) -> Path:
-    """`root/onnx/model.onnx`, and each of `quantized` (file names) as its int8 variant."""
+
+def ship_graph(root: Path, *, quantized: tuple[str, ...] = (), task: Task = "feature-extraction") -> Path:
+    """`root/onnx/model.onnx` for `task` (a cross-encoder's: "sequence-classification", its
+    logits), and each of `quantized` (file names) as its int8 variant."""
     from model_registry.backends.onnx.build import quantize_int8
     from model_registry.backends.onnx.export import export
 
@@ -21,7 +24,7 @@ def ship_graph(root: Path, *, quantized: tuple[str, ...] = ()) -> Path:
     target.mkdir(exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation chatter, as the engine's build ignores it
-        export(root, "feature-extraction", target / "model.onnx", trust_remote_code=False)
+        export(root, task, target / "model.onnx", trust_remote_code=False)
     for name in quantized:
         quantize_int8(target / "model.onnx", target / name)
     return root

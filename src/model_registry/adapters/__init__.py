@@ -97,15 +97,15 @@ def _import_transformers() -> None:
     import transformers.utils.import_utils as found
 
     modules = [m for m in (transformers.utils, found) if hasattr(m, "is_torchao_available")]
-    kept = [m.is_torchao_available for m in modules]
+    kept = [getattr(m, "is_torchao_available") for m in modules]  # noqa: B009 - not in every release
     try:
         for module in modules:
-            module.is_torchao_available = _absent
+            setattr(module, "is_torchao_available", _absent)  # noqa: B010
         import transformers.modeling_utils
         from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: F401
     finally:
         for module, function in zip(modules, kept, strict=True):
-            module.is_torchao_available = function
+            setattr(module, "is_torchao_available", function)  # noqa: B010
 
 
 def _absent(*args: Any, **kwargs: Any) -> bool:

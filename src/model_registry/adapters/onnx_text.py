@@ -15,7 +15,6 @@ import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,11 +22,12 @@ import numpy as np
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.items import embed_item
-from model_registry.adapters.text import TextTokenizer, Tokens
-from model_registry.backends.base import EncoderBatch, EngineOptions
+from model_registry.adapters.pairs import activation_name, encode_pairs, score
+from model_registry.adapters.text import TextTokenizer, Tokens, pad
+from model_registry.backends.base import EncoderBatch, EngineOptions, Task
 from model_registry.backends.weights import activation_bytes
 from model_registry.detection.layout import DenseLayer, Layout
-from model_registry.errors import InvalidInput, ModelUnavailable
+from model_registry.errors import InvalidInput, ModelUnavailable, UnsupportedOperation
 from model_registry.types import (
     Capability,
     Embedding,
@@ -35,11 +35,13 @@ from model_registry.types import (
     Item,
     Kind,
     Output,
+    PairItem,
     Prepared,
     Result,
     Text,
     TokenIds,
 )
+from model_registry.zoo.files import label_count
 
 ENGINE = "onnx"
 _TORCH = "pip install 'infinity-server[torch]'"
@@ -166,43 +168,32 @@ class Batch:
     pool_mask: np.ndarray
 
 
-class OnnxDense(Adapter):
-    """A dense embedder on its shipped ONNX graph, computed without torch (see the module)."""
+class OnnxText(Adapter):
+    """What the text adapters on a shipped graph share: the engine, the tokenizer from the files,
+    sizes and `/models`' facts."""
 
-    kind = Kind.DENSE
-    capabilities = frozenset({Capability.EMBED_TEXT})
     backend = ENGINE
     token_caps = True
     truncation_sides = ("right", "left")
+    task: Task = "feature-extraction"
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         self.layout = layout
-        self.prompts = dict(layout.prompts)
-        self.default_prompt_name = layout.default_prompt_name
-        self.similarity = layout.similarity
         self.device = "cpu"
         self.dtype = "float32"
         self.engine: Any = None
         self.tokenizer: TextTokenizer | None = None
-        self.head: list[Linear] = []
+        self.config = light_config(layout.config)
         self._footprint = 0
         self.reason = f"auto: {ENGINE}, {_WHY}"
 
-    def _engine_options(self, options: LoadOptions) -> EngineOptions:
+    def load_engine(self, options: LoadOptions) -> None:
+        """The graph on ONNX Runtime and the tokenizer; a combination that needs torch raises."""
         if options.backend not in ("auto", ENGINE):
             raise ModelUnavailable(
                 f"backend: {options.backend} needs torch, which is not installed; {_TORCH} "
                 f"(without torch, a model runs on its own ONNX graph: backend: auto or {ENGINE})"
             )
-        return EngineOptions(
-            device=options.device,
-            dtype=options.dtype,
-            quantize=options.quantize,
-            threads=options.threads,
-            cache_dir=options.cache_dir,
-        )
-
-    def load(self, options: LoadOptions) -> None:
         if importlib.util.find_spec("onnxruntime") is None:
             raise ModelUnavailable(
                 "this model needs torch, or ONNX Runtime to run the ONNX graph it ships: pip install "
@@ -211,54 +202,97 @@ class OnnxDense(Adapter):
         from model_registry.backends.onnx.engine import OnnxEngine
 
         directory = self.layout.transformer_dir
-        config = light_config(self.layout.config)
-        engine_options = self._engine_options(options)
         engine = OnnxEngine()
-        engine.load(directory, engine_options)  # a model without its graph: the export's missing extra
+        settings = EngineOptions(
+            task=self.task,
+            device=options.device,
+            dtype=options.dtype,
+            quantize=options.quantize,
+            threads=options.threads,
+            cache_dir=options.cache_dir,
+        )
+        engine.load(directory, settings)  # a model without its graph: the export's missing extra
         unfed = _unfed_inputs(engine.session)
         if unfed:
             raise ModelUnavailable(
                 f"{engine.path} takes inputs this server does not feed ({', '.join(unfed)}): a graph exported for "
                 f"generation, not as an encoder; {_TORCH}, which exports the encoder itself"
             )
-        self.reason = "configured" if options.backend == ENGINE else f"auto: {ENGINE}, {_WHY}"
         self.tokenizer = TextTokenizer(
             directory,
             max_length=self.layout.max_length,
-            config=config,
+            config=self.config,
             do_lower_case=self.layout.do_lower_case,
             from_files=True,
         )
         self.max_length = self.tokenizer.max_length
-        self.head = [read_dense(layer) for layer in self.layout.dense_layers]
+        self.reason = "configured" if options.backend == ENGINE else f"auto: {ENGINE}, {_WHY}"
         self.engine, self.device, self.dtype = engine, engine.device, engine.dtype
-        hidden = int(getattr(config, "hidden_size", 0))
-        self.dimensions = self.layout.dense_layers[-1].out_features if self.layout.dense_layers else hidden
-        if self.layout.truncate_dim is not None:
-            self.dimensions = min(self.dimensions, self.layout.truncate_dim)
-        working = activation_bytes(config, options.max_batch_tokens, self.max_length, 4)
-        self._footprint = engine.footprint() + working + sum(layer.nbytes for layer in self.head)
+        working = activation_bytes(self.config, options.max_batch_tokens, self.max_length, 4)
+        self._footprint = engine.footprint() + working
 
     def unload(self) -> None:
         if self.engine is not None:
             self.engine.release()
         self.engine = None
         self.tokenizer = None
-        self.head = []
 
     def footprint(self) -> int:
         return self._footprint
 
     def estimate(self, options: LoadOptions) -> int:
-        from model_registry.backends.onnx.engine import own_file
+        from model_registry.backends.onnx.engine import own_candidates
 
-        config = light_config(self.layout.config)
-        graph = own_file(self.layout.transformer_dir, "feature-extraction", options.quantize, False)
-        weights = 0 if graph is None else sum(p.stat().st_size for p in graph.parent.glob(graph.name + "*"))
-        return weights + activation_bytes(config, options.max_batch_tokens, self.layout.max_length, 4)
+        graphs = own_candidates(self.layout.transformer_dir, options.quantize, False)
+        weights = 0 if not graphs else sum(p.stat().st_size for p in graphs[0].parent.glob(graphs[0].name + "*"))
+        return weights + activation_bytes(self.config, options.max_batch_tokens, self.layout.max_length, 4)
 
     def text_tokenizer(self) -> TextTokenizer | None:
         return self.tokenizer
+
+    def outputs(self, inputs: EncoderBatch) -> Any:
+        """The engine's output for a batch, as a numpy array (an OrtValue on CUDA is copied here)."""
+        assert self.engine is not None, "This is a bug: forward() called before load()"
+        output = self.engine.run(inputs)
+        value = output.hidden if self.task == "feature-extraction" else output.logits
+        return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+    def describe(self) -> dict[str, Any]:
+        engine: dict[str, Any] = {"backend": ENGINE, "reason": self.reason}
+        if self.engine is not None:
+            engine.update(self.engine.describe())
+            engine.update(attention="padded", budget_counts="padded_tokens")
+        return {**self.family_facts(), "engine": engine, **self.layout.notes}
+
+    def family_facts(self) -> dict[str, Any]:
+        return {}
+
+
+class OnnxDense(OnnxText):
+    """A dense embedder on its shipped ONNX graph, computed without torch (see the module)."""
+
+    kind = Kind.DENSE
+    capabilities = frozenset({Capability.EMBED_TEXT})
+
+    def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
+        super().__init__(layout, trust_remote_code)
+        self.prompts = dict(layout.prompts)
+        self.default_prompt_name = layout.default_prompt_name
+        self.similarity = layout.similarity
+        self.head: list[Linear] = []
+
+    def load(self, options: LoadOptions) -> None:
+        self.load_engine(options)
+        self.head = [read_dense(layer) for layer in self.layout.dense_layers]
+        hidden = int(getattr(self.config, "hidden_size", 0))
+        self.dimensions = self.layout.dense_layers[-1].out_features if self.layout.dense_layers else hidden
+        if self.layout.truncate_dim is not None:
+            self.dimensions = min(self.dimensions, self.layout.truncate_dim)
+        self._footprint += sum(layer.nbytes for layer in self.head)
+
+    def unload(self) -> None:
+        self.head = []
+        super().unload()
 
     def prepare(self, items: Sequence[Item]) -> list[Prepared]:
         assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
@@ -307,9 +341,7 @@ class OnnxDense(Adapter):
         return Batch(inputs, exclude_prompt(padded.attention_mask, prompts))
 
     def forward(self, batch: Batch) -> np.ndarray:
-        assert self.engine is not None, "This is a bug: forward() called before load()"
-        hidden = self.engine.run(batch.inputs).hidden
-        states = hidden.numpy() if hasattr(hidden, "numpy") else np.asarray(hidden)  # an OrtValue on CUDA
+        states = self.outputs(batch.inputs)
         vectors = pool(states, batch.pool_mask, batch.inputs.attention_mask, self.layout.pooling)
         for layer in self.head:
             vectors = layer(vectors)
@@ -322,24 +354,58 @@ class OnnxDense(Adapter):
     def postprocess(self, batch: Batch, output: np.ndarray) -> list[Result]:
         return [Embedding(dense=row) for row in output]
 
-    def describe(self) -> dict[str, Any]:
-        engine: dict[str, Any] = {"backend": ENGINE, "reason": self.reason}
-        if self.engine is not None:
-            engine.update(self.engine.describe())
-            engine.update(attention="padded", budget_counts="padded_tokens")
+    def family_facts(self) -> dict[str, Any]:
         return {
             "pooling": self.layout.pooling,
             "normalize": self.layout.normalize,
             "prompts": sorted(self.layout.prompts),
             "default_prompt_name": self.layout.default_prompt_name,
             "similarity_fn_name": self.similarity.value,
-            "engine": engine,
-            **self.layout.notes,
         }
 
 
-def shipped_graph(directory: Path, quantize: str) -> Path | None:
-    """The model's own graph `OnnxDense` would run for `quantize` (None: it ships none)."""
-    from model_registry.backends.onnx.engine import own_file
+class OnnxCrossEncoder(OnnxText):
+    """A cross-encoder reranker on its shipped ONNX graph (its `logits`), scored as
+    sentence-transformers' `CrossEncoder.predict` scores: the pair cut from the document first,
+    the model's activation (sigmoid unless its config says identity) on its one logit."""
 
-    return own_file(directory, "feature-extraction", quantize, False)
+    kind = Kind.RERANKER
+    capabilities = frozenset({Capability.RERANK})
+    task: Task = "sequence-classification"
+
+    def load(self, options: LoadOptions) -> None:
+        labels = label_count(self.layout.config)
+        if labels != 1:
+            raise ModelUnavailable(f"a reranker needs one output label, this model has {labels}; {_TORCH}")
+        self.load_engine(options)
+        assert self.tokenizer is not None
+        self.tokenizer.enable_pairs()
+        self.uses_type_ids = "token_type_ids" in self.engine.inputs
+        self.activation = activation_name(self.layout.config)
+
+    def prepare(self, items: Sequence[Item]) -> list[Prepared]:
+        assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
+        pairs = []
+        for item in items:
+            if not isinstance(item, PairItem) or item.media is not None:
+                raise UnsupportedOperation(
+                    f"a reranker scores (query, document) pairs of texts; it cannot take {type(item).__name__}"
+                )
+            pairs.append(item)
+        encoded = encode_pairs(self.tokenizer, pairs)
+        return [Prepared(i, len(e.ids), len(e.ids), e) for i, e in enumerate(encoded)]
+
+    def collate(self, items: Sequence[Prepared]) -> EncoderBatch:
+        assert self.tokenizer is not None, "This is a bug: collate() called before load()"
+        padded = self.tokenizer.pad([p.data.ids for p in items])
+        types = pad([p.data.type_ids for p in items], 0, left=padded.left).input_ids
+        return EncoderBatch(padded.input_ids, padded.attention_mask, types if self.uses_type_ids else None)
+
+    def forward(self, batch: EncoderBatch) -> np.ndarray:
+        return np.asarray(self.outputs(batch), dtype=np.float32)
+
+    def postprocess(self, batch: EncoderBatch, output: np.ndarray) -> list[Result]:
+        return [score(float(logit), self.activation) for logit in output[:, 0]]
+
+    def family_facts(self) -> dict[str, Any]:
+        return {"activation": self.activation if self.engine is not None else None, "decoder": False}

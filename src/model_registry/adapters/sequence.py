@@ -9,7 +9,6 @@ end-of-text changes the result.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,20 +19,13 @@ import torch
 
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextEncoder, as_tensor
+from model_registry.adapters.pairs import Encoded, activation_name, encode_pairs, score, uncut_length
 from model_registry.adapters.text import pad
 from model_registry.backends.base import EncoderBatch, Task
 from model_registry.backends.weights import from_pretrained_checked
 from model_registry.detection.layout import Layout
 from model_registry.errors import InputTooLong, UnsupportedOperation
-from model_registry.types import Capability, ClassifyItem, Item, Kind, Labels, PairItem, Prepared, Result, Score
-
-
-@dataclass(frozen=True, slots=True)
-class Encoded:
-    """One tokenized sequence (or pair): ids and the segment ids BERT-like models need."""
-
-    ids: tuple[int, ...]
-    type_ids: tuple[int, ...]
+from model_registry.types import Capability, ClassifyItem, Item, Kind, Labels, PairItem, Prepared, Result
 
 
 def classifier_head(directory: Path, config: Any, device: str = "cpu") -> Callable[[torch.Tensor], torch.Tensor]:
@@ -66,21 +58,6 @@ class SequenceBatch:
     inputs: EncoderBatch
 
 
-def _activation_name(config: dict[str, Any]) -> str:
-    """sentence-transformers stores a CrossEncoder's activation in config.json; sigmoid is its default."""
-    st = config.get("sentence_transformers") or {}
-    path = st.get("activation_fn") if isinstance(st, dict) else None
-    path = path or config.get("sbert_ce_default_activation_function")
-    return "identity" if isinstance(path, str) and path.endswith("Identity") else "sigmoid"
-
-
-def _sigmoid(value: float) -> float:
-    if value >= 0:
-        return 1.0 / (1.0 + math.exp(-value))
-    exp = math.exp(value)  # no overflow for very negative logits
-    return exp / (1.0 + exp)
-
-
 class SequenceClassifier(TextEncoder):
     """Shared by the reranker and the classifier: loading, padding, the forward."""
 
@@ -106,14 +83,8 @@ class SequenceClassifier(TextEncoder):
         super().unload()
 
     def uncut_length(self, text: str, pair: str | None, encoded: Encoded) -> int | None:
-        """The tokens of a text or pair read whole where `encoded`, at the model's limit, was cut
-        from it; None where nothing was cut."""
         assert self.tokenizer is not None
-        limit = self.tokenizer.max_length
-        if len(encoded.ids) < limit:
-            return None
-        full = len(self.tokenizer.run([text], None if pair is None else [pair], cut=None)[0].ids)
-        return full if full > limit else None
+        return uncut_length(self.tokenizer, text, pair, encoded)
 
     def collate(self, items: Sequence[Prepared]) -> SequenceBatch:
         assert self.tokenizer is not None, "This is a bug: collate() called before load()"
@@ -150,7 +121,7 @@ class RerankerAdapter(SequenceClassifier):
                 f"a reranker needs one output label, this model has {self.config.num_labels}; "
                 "serve it with kind: classifier"
             )
-        self.activation = _activation_name(self.layout.config)
+        self.activation = activation_name(self.layout.config)
 
     def prepare(self, items: Sequence[Item]) -> list[Prepared]:
         pairs = []
@@ -164,36 +135,11 @@ class RerankerAdapter(SequenceClassifier):
         return [Prepared(i, len(e.ids), len(e.ids), e) for i, e in enumerate(encoded)]
 
     def encode_pairs(self, pairs: Sequence[PairItem]) -> list[Encoded]:
-        """Tokenize pairs; they lose tokens from the document, keeping the query whole unless the
-        query alone leaves no room, in which case both sides are cut."""
         assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
-        tokenizer, limit = self.tokenizer, self.tokenizer.max_length
-        unique = sorted({p.query for p in pairs})  # a rerank request repeats one query for every document
-        counted = dict(zip(unique, map(len, tokenizer.ids(unique, special=False, cut=None)), strict=True))
-        room = limit - tokenizer.specials(pair=True) - 1
-        out: dict[int, Encoded] = {}
-        for strategy in ("only_second", "longest_first"):
-            rows = [i for i, p in enumerate(pairs) if (counted[p.query] <= room) == (strategy == "only_second")]
-            if not rows:
-                continue
-            encoded = tokenizer.run([pairs[i].query for i in rows], [pairs[i].document for i in rows], cut=strategy)
-            out.update((row, Encoded(tuple(e.ids), tuple(e.type_ids))) for row, e in zip(rows, encoded, strict=True))
-        for i, pair in enumerate(pairs):
-            full = None if pair.truncate else self.uncut_length(pair.query, pair.document, out[i])
-            if full is not None:
-                raise InputTooLong(
-                    f"document {i} and the query have {full} tokens, more than the model's limit of {limit}; "
-                    "shorten it or allow truncation",
-                    param="documents",
-                )
-        return [out[i] for i in range(len(pairs))]
+        return encode_pairs(self.tokenizer, pairs)
 
     def postprocess(self, batch: SequenceBatch, output: torch.Tensor) -> list[Result]:
-        results: list[Result] = []
-        for logit in output[:, 0].tolist():
-            value = _sigmoid(logit) if self.activation == "sigmoid" else logit
-            results.append(Score(value, logit=logit))
-        return results
+        return [score(logit, self.activation) for logit in output[:, 0].tolist()]
 
     def family_facts(self) -> dict[str, Any]:
         return {"activation": self.activation, "decoder": self.decoder}

@@ -20,6 +20,7 @@ FAMILY = Family(
     reference="sentence-transformers `CrossEncoder.predict`",
     default=True,
     engines=("torch", "onnx", "ctranslate2"),
+    without_torch="model_registry.adapters.onnx_text:OnnxCrossEncoder",
     rules=(
         Rule(
             "cross-encoder",

@@ -27,6 +27,7 @@ from tests.builders.media import tiny_clip
 from tests.builders.onnx import ship_graph
 from tests.builders.static import tiny_model2vec, tiny_static_embedding
 from tests.builders.text import tiny_bert
+from tests.builders.zoo import tiny_cross_encoder
 from tests.conftest import REPO, free_port
 from tests.integration.zoo.test_static import reference
 
@@ -77,6 +78,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "xlmr": ship_graph(tiny_xlmr(root / "xlmr")),  # a Unigram tokenizer; positions after the pad id
         "qwen3": ship_graph(tiny_qwen3(root / "qwen3")),  # last-token pooling, left padding
         "int8": ship_graph(tiny_bert(root / "int8", pooling="cls", seed=1), quantized=SHIPPED_INT8),
+        # a pair's segment ids, a wide head: scores far apart
+        "reranker": ship_graph(
+            tiny_cross_encoder(root / "reranker", segment_ids=True, initializer_range=0.3),
+            task="sequence-classification",
+        ),
     }
 
 
@@ -194,6 +200,29 @@ def test_tokenize_answers_as_transformers(server: str, models: dict[str, Path]) 
         assert answer.status_code == 200, answer.text
         ids = [[token["id"] for token in row] for row in answer.json()]
         assert ids == [tokenizer(text)["input_ids"] for text in TEXTS], model
+
+
+def test_a_cross_encoder_that_ships_its_graph_ranks_as_sentence_transformers(
+    server: str, models: dict[str, Path]
+) -> None:
+    from sentence_transformers import CrossEncoder
+
+    query, documents = "a cat on a warm windowsill", [*TEXTS, "the cat " * 60]
+    expected = CrossEncoder(str(models["reranker"]), device="cpu").predict([(query, d) for d in documents])
+    with httpx.Client(base_url=server, timeout=60) as client:
+        body = {"model": "reranker", "query": query, "documents": documents}
+        ranked = client.post("/rerank", json=body)
+        alone = [
+            client.post("/rerank", json={**body, "documents": [d]}).json()["results"][0]["relevance_score"]
+            for d in documents
+        ]
+        details = client.get("/v1/models/reranker").json()
+    assert ranked.status_code == 200, ranked.text
+    got = {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}
+    np.testing.assert_allclose([got[i] for i in range(len(documents))], expected, atol=1e-5)
+    np.testing.assert_allclose(alone, expected, atol=1e-5)
+    assert (details["kind"], details["backend"]) == ("reranker", "onnx")
+    assert details["details"]["activation"] == "sigmoid"
 
 
 def refusal(tmp_path: Path, models: dict[str, Any]) -> str:
