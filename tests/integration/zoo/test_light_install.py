@@ -66,6 +66,18 @@ def test_the_light_install_has_onnx_runtime_but_neither_torch_nor_transformers(p
     assert run(python, "import onnxruntime, infinity_server.app, model_registry").returncode == 0
 
 
+#: What the light install's packages may weigh: 256 MiB when written (the project, its dependencies and ONNX
+#: Runtime's); torch alone would be gigabytes.
+LIGHT_MB = 400
+
+
+def test_the_light_install_stays_light(python: Path) -> None:
+    done = run(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    packages = Path(done.stdout.strip())
+    size = sum(f.stat().st_size for f in packages.rglob("*") if f.is_file() and not f.is_symlink())
+    assert size < LIGHT_MB * 1024 * 1024, f"{LIGHT} holds {size / 2**20:.0f} MiB of packages"
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("light-models")
