@@ -359,6 +359,10 @@ def test_input_objects_give_texts_and_images_and_a_model_without_mixed_inputs_re
     message = refused.json()["error"]["message"]
     assert "input 1 holds a text and an image together" in message
     assert "takes one text or one image per input" in message
+    ranked = {"model": "clip", "query": "two cats", "documents": [photo, {"image": photo, "text": "two cats"}]}
+    refused = client.post("/v1/rerank/images", json=ranked)
+    assert refused.status_code == 400, refused.text
+    assert "takes one text or one image per input" in refused.json()["error"]["message"]
 
 
 # ---- rerank of images against a text query -----------------------------------------------------------
