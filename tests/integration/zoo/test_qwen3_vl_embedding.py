@@ -354,6 +354,18 @@ def test_an_over_long_mixed_input_loses_its_text_end_never_its_image(
     assert "the text and the image's" in refused.json()["error"]["message"]
 
 
+def test_image_rerank_ranks_a_mixed_document_by_its_mixed_vector(client: httpx.Client) -> None:
+    documents = [as_object(MIXED[0]), data_uri(IMAGES[3])]
+    ranked = client.post("/v1/rerank/images", json={"model": "vl", "query": TEXTS[2], "documents": documents})
+    assert ranked.status_code == 200, ranked.text
+    scores = {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}
+    query = vectors(client.post("/v1/embeddings", json={"model": "vl", "input": [TEXTS[2]]}))[0]
+    embedded = vectors(
+        client.post("/v1/embeddings", json={"model": "vl", "input": [documents[0], {"image": documents[1]}]})
+    )
+    np.testing.assert_allclose([scores[0], scores[1]], embedded @ query, atol=1e-5)
+
+
 def test_bad_input_objects_are_refused(client: httpx.Client) -> None:
     cases = [
         {"model": "vl", "input": [{}]},
