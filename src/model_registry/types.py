@@ -103,7 +103,16 @@ class Media:
     source: str = ""
 
 
-Content: TypeAlias = Text | TokenIds | Media
+@dataclass(frozen=True, slots=True)
+class Mixed:
+    """A text and an image read together as one input, by a model that takes both in one
+    sequence (`Adapter.mixed_inputs`: Qwen3-VL-Embedding); one vector for the pair."""
+
+    text: str
+    image: Media
+
+
+Content: TypeAlias = Text | TokenIds | Media | Mixed
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,6 +344,27 @@ def test_text_and_images_mix_in_one_request(client: httpx.Client, data_dir: Path
     np.testing.assert_allclose(mixed[1], embed(client, "clip", [data_uri(photo, "image/jpeg")], "image")[0], atol=1e-5)
 
 
+def test_input_objects_give_texts_and_images_and_a_model_without_mixed_inputs_refuses_both(
+    client: httpx.Client, data_dir: Path
+) -> None:
+    photo = data_uri((data_dir / PHOTO).read_bytes(), "image/jpeg")
+    body = {"model": "clip", "input": ["two cats", {"image": photo}, {"text": "a dog"}]}
+    objects = vectors(client.post("/v1/embeddings", json=body))
+    np.testing.assert_allclose(objects[[0, 2]], embed(client, "clip", ["two cats", "a dog"]), atol=1e-5)
+    np.testing.assert_allclose(objects[1], embed(client, "clip", [photo], "image")[0], atol=1e-5)
+    refused = client.post(
+        "/v1/embeddings", json={"model": "clip", "input": ["a", {"text": "two cats", "image": photo}]}
+    )
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["error"]["message"]
+    assert "input 1 holds a text and an image together" in message
+    assert "takes one text or one image per input" in message
+    ranked = {"model": "clip", "query": "two cats", "documents": [photo, {"image": photo, "text": "two cats"}]}
+    refused = client.post("/v1/rerank/images", json=ranked)
+    assert refused.status_code == 400, refused.text
+    assert "takes one text or one image per input" in refused.json()["error"]["message"]
+
+
 # ---- rerank of images against a text query -----------------------------------------------------------
 
 

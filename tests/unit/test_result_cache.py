@@ -24,6 +24,7 @@ from model_registry.types import (
     EmbedItem,
     Labels,
     Media,
+    Mixed,
     Modality,
     Output,
     Score,
@@ -62,6 +63,24 @@ def test_media_is_keyed_by_its_bytes_not_by_where_it_came_from() -> None:
 
     assert item_key("m", image(b"\x89PNG1", "https://a/x.png")) == item_key("m", image(b"\x89PNG1", "data:"))
     assert item_key("m", image(b"\x89PNG1", "x")) != item_key("m", image(b"\x89PNG2", "x"))
+
+
+def test_a_mixed_input_is_keyed_by_its_text_and_its_image_bytes() -> None:
+    def mixed(text: str, data: bytes, source: str = "x") -> EmbedItem:
+        return EmbedItem(Mixed(text, Media(Modality.IMAGE, data, source)))
+
+    base = mixed("a cat", b"\x89PNG1")
+    variants = [
+        mixed("a cat ", b"\x89PNG1"),
+        mixed("a cat", b"\x89PNG2"),
+        EmbedItem(Text("a cat")),
+        EmbedItem(Media(Modality.IMAGE, b"\x89PNG1", "x")),
+        # The text's characters moved into the image's bytes: still a different item.
+        mixed("a ca", b"t\x89PNG1"),
+    ]
+    keys = {item_key("m", item) for item in [base, *variants]}
+    assert len(keys) == len(variants) + 1
+    assert item_key("m", base) == item_key("m", mixed("a cat", b"\x89PNG1", "https://a/x.png"))
 
 
 def test_the_identity_follows_the_settings_that_change_results_not_the_name() -> None:

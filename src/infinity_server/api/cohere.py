@@ -32,7 +32,7 @@ from infinity_server.schemas.cohere import (
 )
 from infinity_server.schemas.responses import Vector
 from infinity_server.schemas.vllm import VllmRerankRequest, VllmRerankResponse
-from model_registry import Content, EmbedCall, InvalidInput, Modality, RerankCall, Results, Text
+from model_registry import Content, EmbedCall, InvalidInput, Mixed, Modality, RerankCall, Results, Text
 
 #: Cohere's embedding type -> (this server's dtype, JSON encoding).
 _TYPES = {
@@ -106,23 +106,30 @@ async def _contents(request: Request, body: CohereEmbedRequest) -> AsyncIterator
         async with fetched_media(request, body.model, body.images or [], Modality.IMAGE) as images:
             yield list(images), []
         return
-    contents: list[Content | None] = []
+    texts: list[str | None] = []  # each input's text parts joined, None for an image alone
+    pictured: list[bool] = []
     urls: list[str] = []
     for i, item in enumerate(body.inputs or []):
         parts = [p.text for p in item.content if p.type == "text"]
         urls_here = [p.image_url.url for p in item.content if p.type == "image_url"]
-        if urls_here and (parts or len(urls_here) > 1):
+        if len(urls_here) > 1:
             raise InvalidInput(
-                f"inputs {i} mixes {len(parts)} text and {len(urls_here)} image parts; this server embeds each "
-                "input as one text or one image, so send them as separate inputs",
+                f"inputs {i} holds {len(urls_here)} image parts; an input holds at most one image (with or without "
+                "text), so send the others as separate inputs",
                 param="inputs",
             )
-        contents.append(Text("\n".join(parts)) if parts else None)
+        texts.append("\n".join(parts) if parts else None)
+        pictured.append(bool(urls_here))
         urls.extend(urls_here)
     async with fetched_media(request, body.model, urls, Modality.IMAGE) as fetched:
         media = iter(fetched)
-        merged = [c if c is not None else next(media) for c in contents]
-        yield merged, [c.text for c in merged if isinstance(c, Text)]
+        merged: list[Content] = []
+        for text, image in zip(texts, pictured, strict=True):
+            if not image:
+                merged.append(Text(text or ""))
+            else:
+                merged.append(next(media) if text is None else Mixed(text, next(media)))
+        yield merged, [c.text for c in merged if isinstance(c, Text | Mixed)]
 
 
 def embed_body(body: CohereEmbedRequest, results: Results, texts: list[str], version: str) -> CohereEmbedResponse:

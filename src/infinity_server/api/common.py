@@ -16,7 +16,7 @@ from starlette.responses import Response
 from infinity_server.auth import PRIORITY, has_scope
 from infinity_server.errors import HTTPError
 from infinity_server.fetch import FetchGate, FetchPolicy, MediaFetcher, shared_media_client
-from infinity_server.schemas.common import Body
+from infinity_server.schemas.common import Body, InputParts
 from infinity_server.settings import ServerSettings
 from model_registry import (
     Cancelled,
@@ -24,8 +24,10 @@ from model_registry import (
     Content,
     InvalidInput,
     Media,
+    Mixed,
     Modality,
     Registry,
+    Text,
     check_span_count,
     is_pdf,
 )
@@ -253,12 +255,37 @@ def paged(response: R, origins: Sequence[tuple[int, int] | None]) -> R:
 async def engine_inputs(
     request: Request, model: str, modality: str, texts: Any, media: Callable[[], Sequence[str]]
 ) -> AsyncIterator[Any]:
-    """`texts` for text, else the fetched `media()` values, held as `fetched_media` holds them."""
+    """`texts` for text, else the fetched `media()` values, held as `fetched_media` holds them.
+    Input objects among texts (`InputParts`) become an image, or a text and an image together."""
+    if modality == "text" and any(isinstance(t, InputParts) for t in texts):
+        async with parted_inputs(request, model, texts) as contents:
+            yield contents
+        return
     if modality == "text":
         yield texts
         return
     async with fetched_media(request, model, media(), Modality(modality)) as fetched:
         yield fetched
+
+
+@asynccontextmanager
+async def parted_inputs(request: Request, model: str, values: Sequence[Any]) -> AsyncIterator[list[Any]]:
+    """Texts and input objects as the engine's inputs: a string or `{text}` is a text, `{image}`
+    an image, `{text, image}` both together (`Mixed`); the images are fetched as one batch, held
+    as `fetched_media` holds them."""
+    urls = [v.image for v in values if isinstance(v, InputParts) and v.image is not None]
+    async with fetched_media(request, model, urls, Modality.IMAGE) as fetched:
+        images = iter(fetched)
+        contents: list[Any] = []
+        for value in values:
+            if not isinstance(value, InputParts):
+                contents.append(value)
+            elif value.image is None:
+                contents.append(Text(value.text or ""))
+            else:
+                image = next(images)
+                contents.append(image if value.text is None else Mixed(value.text, image))
+        yield contents
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -22,6 +22,7 @@ from infinity_server.api.openai import embedding_list
 from infinity_server.encoding import column, encode_vectors, numbers_in
 from infinity_server.errors import HTTPError
 from infinity_server.routing import Vectors, post
+from infinity_server.schemas.common import InputParts
 from infinity_server.schemas.media import MediaEmbeddingRequest, MediaRerankRequest
 from infinity_server.schemas.responses import (
     EmbeddingData,
@@ -37,6 +38,7 @@ from model_registry import (
     EmbedCall,
     InvalidInput,
     Media,
+    Mixed,
     Modality,
     Output,
     Results,
@@ -170,7 +172,7 @@ def rerank_response(
     model: str,
     results: Results,
     top_n: int | None,
-    documents: Sequence[str] | None,
+    documents: Sequence[str | dict[str, str]] | None,
     origins: Sequence[tuple[int, int] | None] | None = None,
 ) -> ImageRerankResponse:
     """Best first; a PDF document's pages are ranked each on its own, each result naming its
@@ -194,17 +196,35 @@ def rerank_response(
 
 async def rerank_images(request: Request, body: MediaRerankRequest) -> ImageRerankResponse:
     registry = registry_of(request)
-    async with fetched_media(request, body.model, body.documents, Modality.IMAGE) as media:
-        pages, origins = await document_pages(registry, body.model, media)
+    urls = [_image_of(i, d) for i, d in enumerate(body.documents)]
+    async with fetched_media(request, body.model, urls, Modality.IMAGE) as media:
+        documents: list[Content] = [
+            Mixed(d.text, m) if isinstance(d, InputParts) and d.text is not None else m
+            for d, m in zip(body.documents, media, strict=True)
+        ]
+        pages, origins = await document_pages(registry, body.model, documents)
         results = await registry.rerank_media(
             body.model,
             body.query,
-            [p for p in pages if isinstance(p, Media)],
+            [p for p in pages if isinstance(p, Media | Mixed)],
             priority=body.priority,
             instruction=body.instruction,
         )
-    shown = body.documents if body.return_documents else None
-    return rerank_response(body.model, results, body.top_n, shown, origins)
+    shown = [d.model_dump(exclude_none=True) if isinstance(d, InputParts) else d for d in body.documents]
+    return rerank_response(body.model, results, body.top_n, shown if body.return_documents else None, origins)
+
+
+def _image_of(index: int, document: str | InputParts) -> str:
+    """A document's image: the string itself, or an object's `image` (which it must have)."""
+    if isinstance(document, str):
+        return document
+    if document.image is None:
+        raise InvalidInput(
+            f"document {index} has no image; an object document is an image with a text beside it "
+            "({image, text}); rank texts alone with /rerank",
+            param="documents",
+        )
+    return document.image
 
 
 async def rerank_images_upload(request: Request, form: FormData) -> ImageRerankResponse:

@@ -161,7 +161,9 @@ class ImagePart(Body):
 
 
 class EmbedInput(Body):
-    """One v2 input: its text parts are joined into one text, or it is exactly one image."""
+    """One v2 input: its text parts joined into one text (one per line), at most one image, or
+    both, which a model that reads a text and an image together (Qwen3-VL-Embedding) embeds as
+    one input; other models refuse that input with what they take."""
 
     content: Annotated[
         list[Annotated[TextPart | ImagePart, Field(discriminator="type")]],

@@ -174,4 +174,23 @@ def media_strings(value: Any, param: str = "input") -> list[str]:
         return [value]
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return value
+    if isinstance(value, list) and any(isinstance(v, InputParts) for v in value):
+        raise InvalidInput(
+            "an input object ({text, image}) names its own parts; send it without modality (or with modality text)",
+            param=param,
+        )
     raise InvalidInput("image and audio inputs must be URLs or data URIs (strings), not token ids", param=param)
+
+
+class InputParts(Body):
+    """One embedding input given as an object: a text, an image (a URL or data URI), or both, which
+    a model that reads them together (Qwen3-VL-Embedding) embeds as one input, one vector."""
+
+    text: StrictStr | None = None
+    image: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _some_part(self) -> InputParts:
+        if self.text is None and self.image is None:
+            raise InvalidInput("an input object holds a text, an image or both; this one holds neither", param="input")
+        return self

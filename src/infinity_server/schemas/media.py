@@ -6,7 +6,16 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from infinity_server.schemas.common import MAX_COUNT, Body, InfinityDimensions, Name, NonEmpty, OptionalName, Priority
+from infinity_server.schemas.common import (
+    MAX_COUNT,
+    Body,
+    InfinityDimensions,
+    InputParts,
+    Name,
+    NonEmpty,
+    OptionalName,
+    Priority,
+)
 
 
 class MediaEmbeddingRequest(Body):
@@ -25,11 +34,13 @@ class MediaEmbeddingRequest(Body):
 
 
 class MediaRerankRequest(Body):
-    """`POST /v1/rerank/images` (and `/v1/rerank/audio`): media documents ranked against a text query."""
+    """`POST /v1/rerank/images` (and `/v1/rerank/audio`): media documents ranked against a text query.
+    A document is a URL or data URI, or an object `{"image", "text"}`: an image with a text beside
+    it, one document for a model that reads both (Qwen3-VL-Reranker, Qwen3-VL-Embedding)."""
 
     model: Name
     query: NonEmpty
-    documents: Annotated[list[NonEmpty], Field(min_length=1)]
+    documents: Annotated[list[NonEmpty | InputParts], Field(min_length=1)]
     top_n: StrictInt | None = Field(default=None, ge=1, le=MAX_COUNT)
     return_documents: StrictBool = False
     #: A cross-encoder's instruction for this request (Qwen3-VL-Reranker's).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from pydantic import Field, StrictInt, StrictStr
 
@@ -11,6 +11,7 @@ from infinity_server.schemas.common import (
     AdapterChoice,
     Dimensions,
     InfinityDimensions,
+    InputParts,
     ModelOptions,
     OptionalName,
     PromptTokenLimit,
@@ -19,6 +20,9 @@ from infinity_server.schemas.common import (
 
 TokenList = Annotated[list[StrictInt], Field(min_length=1)]
 EmbeddingInput = StrictStr | list[StrictStr] | TokenList | list[TokenList]
+#: `/v1/embeddings` also takes input objects (`{"text", "image"}`) among its texts: a text and an
+#: image together are one input for a model that reads them together.
+PartsInput = Annotated[list[StrictStr | InputParts], Field(min_length=1)]
 
 
 def input_list(value: str | list[str] | list[int] | list[list[int]]) -> list[str] | list[list[int]]:
@@ -35,7 +39,7 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit, AdapterChoice):
 
     A `null` optional field means its default (litellm and dspy send `"encoding_format": null`)."""
 
-    input: EmbeddingInput
+    input: EmbeddingInput | PartsInput
     encoding_format: EncodingFormat = "float"
     dimensions: Dimensions = None
     user: OptionalName = None
@@ -49,9 +53,12 @@ class EmbeddingRequest(ModelOptions, PromptTokenLimit, AdapterChoice):
     # Late chunking's character spans [start, end) per input; without them, each input's sentences.
     spans: list[list[tuple[StrictInt, StrictInt]]] | None = None
 
-    def inputs(self) -> list[str] | list[list[int]]:
-        """The input as a list of texts or a list of token-id lists."""
-        return input_list(self.input)
+    def inputs(self) -> list[str] | list[list[int]] | list[str | InputParts]:
+        """The input as a list of texts, of token-id lists, or of texts and input objects."""
+        value = self.input
+        if isinstance(value, list) and any(isinstance(v, InputParts) for v in value):
+            return [v for v in value if isinstance(v, str | InputParts)]
+        return input_list(cast(EmbeddingInput, value))
 
     def media_inputs(self) -> list[str]:
         return media_strings(self.input)

@@ -138,7 +138,8 @@ class ModelList(TypedDict):
 class RerankResult(TypedDict):
     relevance_score: float | None
     index: int
-    document: NotRequired[str | None]
+    #: The document as sent: a string, or an image rerank's object document (`{image, text}`).
+    document: NotRequired[str | dict[str, str] | None]
     #: Image rerank of a PDF document: the page this result is (from 1); `index` is the document's.
     page: NotRequired[int]
     #: A hybrid rerank with `return_parts`: each output's score (dense, sparse, multivector).

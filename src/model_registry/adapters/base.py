@@ -76,6 +76,9 @@ class Adapter(abc.ABC):
     #: The media a cross-encoder scores as documents (`PairItem.media`) besides text: image
     #: documents of `/v1/rerank/images` are scored as pairs when it lists images.
     rerank_media: frozenset[Modality] = frozenset()
+    #: Whether one embedding input may hold a text and an image together (`Mixed`), read as one
+    #: sequence; other models take each input as one text or one medium.
+    mixed_inputs: bool = False
     #: Where the loaded model runs and in what precision (a torch dtype or its name); None
     #: until loaded, or where the adapter has no say (the configured values stand then).
     device: str | None = None

@@ -1,19 +1,22 @@
-"""Qwen3-VL-Embedding through transformers (`Qwen3VLModel`): texts and images to one dense vector.
+"""Qwen3-VL-Embedding through transformers (`Qwen3VLModel`): texts, images, and a text and an
+image together (`Mixed`), each to one dense vector.
 
 Each input is a conversation, as the model's reference code (`Qwen3VLEmbedder`) builds it: a
 system message holding the instruction (the request's prompt, else the model's default "Represent
 the user's input.", with a full stop added where it ends in no punctuation) and a user message
-holding the image or the text, rendered by the model's chat template with the assistant's turn
-opened. An image is laid over white if it has alpha and resized, its aspect kept, to sides that
-are multiples of the vision tower's patch x merge size (32 px) holding between `min_pixels` and
-`max_pixels` (4 and 1,800 tokens' worth by default; the entry's `options` may set others), then
-handed to the processor unresized. The vector is the last real token's hidden state, L2-normalised.
+holding the image, the text, or both (the image first, then the text), rendered by the model's
+chat template with the assistant's turn opened. An image is laid over white if it has alpha and
+resized, its aspect kept, to sides that are multiples of the vision tower's patch x merge size
+(32 px) holding between `min_pixels` and `max_pixels` (4 and 1,800 tokens' worth by default; the
+entry's `options` may set others), then handed to the processor unresized. The vector is the last
+real token's hidden state, L2-normalised.
 
 An input costs its sequence length, visual tokens included, which `prepare` knows before any
 forward pass; it counts so in admission, batching and the answer's usage. Texts and images share
 batches, padded on the right as the reference pads them. A text longer than `max_length` (the
 reference's 8,192 tokens unless the entry or the model sets fewer) is cut at its end, template
-included, as the reference's processor cuts it; an image input that long is refused.
+included, as the reference's processor cuts it, and so is a mixed input where the cut keeps all
+of its visual tokens; an image input that long, or a mixed one whose image would be cut, is refused.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from model_registry.types import (
     EmbedItem,
     Item,
     Kind,
+    Media,
     MediaLimits,
+    Mixed,
     Modality,
     Output,
     Prepared,
@@ -92,6 +97,7 @@ class Qwen3VLEmbeddingAdapter(Adapter):
     kind = Kind.DENSE
     capabilities = frozenset({Capability.EMBED_TEXT, Capability.EMBED_IMAGE})
     backend = "torch"
+    mixed_inputs = True
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         self.layout = layout
@@ -187,35 +193,50 @@ class Qwen3VLEmbeddingAdapter(Adapter):
     def prepare(self, items: Sequence[Item]) -> list[Prepared]:
         prepared = []
         for index, item in enumerate(items):
-            media = media_of(index, item, frozenset({Modality.IMAGE}))
-            assert isinstance(item, EmbedItem), "This is a bug: media_of lets only EmbedItem through"
+            if not isinstance(item, EmbedItem):
+                raise InvalidInput(f"input {index}: this model embeds inputs, it cannot take {type(item).__name__}")
             if item.outputs != {Output.DENSE}:
                 raise UnsupportedOperation("this model produces dense vectors only", param="outputs")
             system = instruction(item.prompt)
-            if media is not None:
-                image = decode_image(media.data, index, self.limits, self.resize, on_white=True)
+            content = item.content
+            if isinstance(content, Mixed):
+                image = self._image(index, content.image)
                 with processing(index, "image"):
-                    image = image.resize(self.resize(*image.size))
-                    data = self._encode(self._render(system, "", image=True), image)
-                self._check_length(index, data, cut=False)
+                    data = self._encode(self._render(system, content.text, image=True), image)
+                self._check_length(index, data, cut=item.truncate, what="the text and the image's")
+            elif (media := media_of(index, item, frozenset({Modality.IMAGE}))) is not None:
+                image = self._image(index, media)
+                with processing(index, "image"):
+                    data = self._encode(self._render(system, None, image=True), image)
+                self._check_length(index, data, cut=False, what="the image's")
             else:
-                if not isinstance(item.content, Text):
+                if not isinstance(content, Text):
                     raise InvalidInput(f"input {index}: this model takes text, not token ids", param="input")
-                data = self._encode(self._render(system, item.content.text, image=False), None)
-                self._check_length(index, data, cut=item.truncate)
+                data = self._encode(self._render(system, content.text, image=False), None)
+                self._check_length(index, data, cut=item.truncate, what="the text's")
             length = len(data["input_ids"])
             prepared.append(Prepared(index, length, length, data))
         return prepared
+
+    def _image(self, index: int, media: Media) -> Any:
+        """The image decoded (laid over white where it has alpha) and resized as the reference resizes it."""
+        image = decode_image(media.data, index, self.limits, self.resize, on_white=True)
+        with processing(index, "image"):
+            return image.resize(self.resize(*image.size))
 
     def resize(self, width: int, height: int) -> tuple[int, int]:
         """The size an image of `width` x `height` is resized to before the processor."""
         return fitted_size(width, height, self.factor, self.min_pixels, self.max_pixels)
 
-    def _render(self, system: str, text: str, *, image: bool) -> str:
-        part = {"type": "image"} if image else {"type": "text", "text": text}
+    def _render(self, system: str, text: str | None, *, image: bool) -> str:
+        """The conversation as the reference builds it: the user's message holds the image first,
+        then the text (a mixed input holds both)."""
+        parts: list[dict[str, str]] = [{"type": "image"}] if image else []
+        if text is not None:
+            parts.append({"type": "text", "text": text})
         conversation = [
             {"role": "system", "content": [{"type": "text", "text": system}]},
-            {"role": "user", "content": [part]},
+            {"role": "user", "content": parts},
         ]
         rendered: str = self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
         return rendered
@@ -229,12 +250,16 @@ class Qwen3VLEmbeddingAdapter(Adapter):
             data["image_grid_thw"] = np.asarray(encoded["image_grid_thw"][0])
         return data
 
-    def _check_length(self, index: int, data: dict[str, np.ndarray], *, cut: bool) -> None:
+    def _check_length(self, index: int, data: dict[str, np.ndarray], *, cut: bool, what: str) -> None:
+        """Cut an over-long input at its end as the reference's processor cuts it, where the cut
+        keeps every visual token (a mixed input's text loses its end); refuse it otherwise."""
         length, limit = len(data["input_ids"]), self.max_length or MAX_LENGTH
         if length <= limit:
             return
+        if cut and "pixel_values" in data:
+            visual = np.flatnonzero(data["input_ids"] == self.processor.image_token_id)
+            cut = visual.size > 0 and int(visual[-1]) < limit
         if not cut:
-            what = "the image's" if "pixel_values" in data else "the text's"
             raise InvalidInput(
                 f"input {index}: {what} {length} tokens (the instruction and chat template included) are more than "
                 f"the model's {limit}",

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from model_registry.errors import InvalidInput, Overloaded
-from model_registry.types import ClassifyItem, EmbedItem, Item, Media, Output, PairItem, TokenIds
+from model_registry.types import ClassifyItem, EmbedItem, Item, Media, Mixed, Output, PairItem, TokenIds
 
 #: Characters per token assumed when pricing text before it is tokenized (English WordPiece and
 #: BPE average four or more; three keeps the price on the safe side).
@@ -72,7 +72,7 @@ def tokenizing_price(items: Sequence[Item]) -> int:
 def _item_price(item: Item, max_length: int | None) -> int:
     if isinstance(item, EmbedItem):
         content = item.content
-        if isinstance(content, Media):
+        if isinstance(content, Media | Mixed):  # visual tokens are known once the image is decoded
             return max_length or MEDIA_COST
         tokens = len(content.ids) if isinstance(content, TokenIds) else _tokens(len(item.prompt) + len(content.text))
         truncate = item.truncate

@@ -42,7 +42,7 @@ from model_registry.errors import (
 )
 from model_registry.runtime.batching import Batch, BatchQueue, Entry, Request
 from model_registry.runtime.timing import BatchTimes
-from model_registry.types import EmbedItem, Item, Labels, Media, Prepared, Result, Score
+from model_registry.types import EmbedItem, Item, Labels, Media, Mixed, Prepared, Result, Score
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def side_thread() -> None:
 
 
 def _is_media(item: Item) -> bool:
-    return isinstance(item, EmbedItem) and isinstance(item.content, Media)
+    return isinstance(item, EmbedItem) and isinstance(item.content, Media | Mixed)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -19,7 +19,7 @@ from model_registry.tasks import validation
 from model_registry.tasks.long_inputs import MODES as LONG_INPUT_MODES
 from model_registry.tasks.long_inputs import Plan, Span, merge, plan_chunks, plan_late
 from model_registry.tasks.validation import RawInput
-from model_registry.types import Content, Embedding, EmbedItem, Output, Results, Text, TokenIds
+from model_registry.types import Content, Embedding, EmbedItem, Mixed, Output, Results, Text, TokenIds
 
 #: A role or prompt name -> the tasks it means on a model that has tasks: jina-v3's task adapters,
 #: or a Router's routes (`adapters/router.py`); the first the model has.
@@ -96,6 +96,7 @@ async def embed_call(registry: Runner, request: EmbedCall) -> Results:
     spec = registry.spec(model)
     contents = validation.contents(inputs, registry.config)
     adapter = await registry.adapter(model)
+    validation.require_mixed(model, adapter, contents)
     wanted = frozenset(Output(o) for o in outputs)
     validation.require_outputs(model, adapter, wanted)
     if dimensions is not None:
@@ -103,7 +104,7 @@ async def embed_call(registry: Runner, request: EmbedCall) -> Results:
     task, text_prompt = _task_prompt(adapter, model, task, prompt_name, prompt, role)
     cut = spec.truncate if truncate is None else truncate
     is_query = (prompt_name or role) == "query"
-    if max_tokens is not None and any(isinstance(c, Text | TokenIds) for c in contents):
+    if max_tokens is not None and any(isinstance(c, Text | TokenIds | Mixed) for c in contents):
         if not adapter.token_caps:
             raise UnsupportedOperation(
                 f"the model '{model}' does not take a per-request token limit", param="max_tokens"

@@ -1,8 +1,9 @@
 """Rerank images or audio clips against a text query on top of `Runner.run`.
 
 A cross-encoder that reads images (Qwen3-VL-Reranker: `Adapter.rerank_media`) scores each
-(query, image) pair itself. Multi-vector models (ColPali) score by MaxSim over their token
-vectors; the others (CLIP, open_clip, CLAP) by the cosine of their vectors in the shared space.
+(query, image) pair itself, and a document holding a text and an image (`Mixed`) as one pair.
+Multi-vector models (ColPali) score by MaxSim over their token vectors; the others (CLIP,
+open_clip, CLAP) by the cosine of their vectors in the shared space.
 """
 
 from __future__ import annotations
@@ -18,25 +19,41 @@ from model_registry.media.similarity import cosine, maxsim
 from model_registry.runtime.runner import Runner
 from model_registry.tasks import validation
 from model_registry.tasks.embedding import embed
-from model_registry.types import Capability, Embedding, Media, Modality, Output, PairItem, Result, Results, Score
+from model_registry.types import (
+    Capability,
+    Embedding,
+    Media,
+    Mixed,
+    Modality,
+    Output,
+    PairItem,
+    Result,
+    Results,
+    Score,
+)
 
 
 async def rerank_media(
     registry: Runner,
     model: str,
     query: str,
-    media: Sequence[Media],
+    media: Sequence[Media | Mixed],
     *,
     priority: int | None = None,
     timeout: float | None = None,
     instruction: str | None = None,
 ) -> Results:
-    """Score each image (or audio clip) against a text query; one `Score` per item, in input order.
-    `instruction` replaces a cross-encoder's default instruction (one that takes instructions)."""
+    """Score each image (or audio clip, or a text with an image) against a text query; one `Score`
+    per item, in input order. `instruction` replaces a cross-encoder's default instruction (one
+    that takes instructions). A text with an image is one document for a cross-encoder that reads
+    images, and one input for an embedder that reads both together; others refuse it."""
     adapter = await registry.adapter(model)
     validation.check_instruction_length(instruction, registry.config.max_input_chars)
     validation.check_instruction(adapter, model, instruction)
     if Capability.RERANK in adapter.capabilities:
+        for index, item in enumerate(media):
+            if isinstance(item, Mixed):
+                validation.content(index, item, registry.config.max_input_chars)
         pairs = media_pairs(model, adapter.rerank_media, query, media, instruction)
         return await registry.run(model, pairs, priority=priority, timeout=timeout)
     outputs = media_rerank_outputs(model, adapter.capabilities, query)
@@ -49,19 +66,22 @@ async def rerank_media(
 
 
 def media_pairs(
-    model: str, readable: frozenset[Modality], query: str, media: Sequence[Media], instruction: str | None
+    model: str, readable: frozenset[Modality], query: str, media: Sequence[Media | Mixed], instruction: str | None
 ) -> list[PairItem]:
-    """(query, document) pairs of a cross-encoder whose documents are media: each item's modality
-    must be one it reads."""
+    """(query, document) pairs of a cross-encoder whose documents are media, or a text with an
+    image (the pair's document text and its image): each medium must be one it reads."""
     if not isinstance(query, str) or not query.strip():
         raise InvalidInput("the query must be non-empty text", param="query")
+    pairs = []
     for index, item in enumerate(media):
-        if item.modality not in readable:
+        medium, text = (item.image, item.text) if isinstance(item, Mixed) else (item, "")
+        if medium.modality not in readable:
             what = f"reads {', '.join(sorted(m.value for m in readable))} documents" if readable else "reads text only"
             raise UnsupportedOperation(
-                f"the model '{model}' {what}; document {index} is {item.modality.value}", param="documents"
+                f"the model '{model}' {what}; document {index} is {medium.modality.value}", param="documents"
             )
-    return [PairItem(query, "", True, instruction, item) for item in media]
+        pairs.append(PairItem(query, text, True, instruction, medium))
+    return pairs
 
 
 def media_rerank_outputs(model: str, capabilities: frozenset[Capability], query: str) -> tuple[Output, ...]:

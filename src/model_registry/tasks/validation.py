@@ -11,7 +11,7 @@ from model_registry.adapters.base import Adapter
 from model_registry.adapters.text import TextTokenizer
 from model_registry.config import RegistryConfig
 from model_registry.errors import InvalidInput, UnsupportedOperation
-from model_registry.types import Capability, Content, Media, Output, Text, TokenIds
+from model_registry.types import Capability, Content, Media, Mixed, Modality, Output, Text, TokenIds
 
 RawInput = str | Sequence[int] | Content
 
@@ -73,16 +73,49 @@ def content(index: int, raw: object, max_chars: int) -> Content:
         if not raw or not all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
             raise InvalidInput(f"input {index} must be a string or a non-empty list of token ids", param="input")
         value = TokenIds(tuple(int(t) for t in raw))
+    if isinstance(value, Mixed):
+        if not isinstance(value.image, Media) or value.image.modality != Modality.IMAGE:
+            raise InvalidInput(f"input {index} pairs its text with something other than an image", param="input")
+        _check_text(index, value.text, max_chars)
     if isinstance(value, Text):
-        if not value.text.strip():
-            raise InvalidInput(f"input {index} is empty; every input needs some text", param="input")
-        if len(value.text) > max_chars:
-            raise InvalidInput(
-                f"input {index} has {len(value.text):,} characters; the limit is {max_chars:,}", param="input"
-            )
-    if not isinstance(value, (Text, TokenIds, Media)):
+        _check_text(index, value.text, max_chars)
+    if not isinstance(value, (Text, TokenIds, Media, Mixed)):
         raise InvalidInput(f"input {index} is of an unsupported type {type(raw).__name__}", param="input")
     return value
+
+
+def _check_text(index: int, text: str, max_chars: int) -> None:
+    if not text.strip():
+        raise InvalidInput(f"input {index} is empty; every input needs some text", param="input")
+    if len(text) > max_chars:
+        raise InvalidInput(f"input {index} has {len(text):,} characters; the limit is {max_chars:,}", param="input")
+
+
+def require_mixed(model: str, adapter: Adapter, contents: Sequence[Content]) -> None:
+    """`UnsupportedOperation` for an input holding a text and an image together (`Mixed`) unless
+    the model reads both in one sequence; the message names what each input may be instead."""
+    if adapter.mixed_inputs:
+        return
+    index = next((i for i, c in enumerate(contents) if isinstance(c, Mixed)), None)
+    if index is None:
+        return
+    caps = adapter.capabilities
+    kinds = [
+        name
+        for name, capability in (
+            ("text", Capability.EMBED_TEXT),
+            ("image", Capability.EMBED_IMAGE),
+            ("audio clip", Capability.EMBED_AUDIO),
+        )
+        if capability in caps
+    ]
+    takes = " or ".join(f"one {k}" for k in kinds) or "no embedding inputs"
+    raise UnsupportedOperation(
+        f"input {index} holds a text and an image together; the model '{model}' takes {takes} per input, "
+        "so send them as separate inputs (a text and an image in one input are read together by "
+        "Qwen3-VL-Embedding)",
+        param="input",
+    )
 
 
 def require_outputs(model: str, adapter: Adapter, wanted: frozenset[Output]) -> None:

@@ -142,6 +142,15 @@ BAD: list[tuple[str, dict[str, Any], int]] = [
         },
         400,
     ),
+    (
+        "two images in one input",
+        {
+            "inputs": [
+                {"content": [{"type": "image_url", "image_url": {"url": data_uri(i)}} for i in (0, 1)]},
+            ]
+        },
+        400,
+    ),
     ("unknown model", {"texts": ["a"], "model": "nope"}, 404),
 ]
 
@@ -155,7 +164,7 @@ def test_bad_embed_requests_answer_in_the_openai_shape(
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"]
-    assert error["code"] in {"invalid_input", "invalid_body", "model_not_found"}
+    assert error["code"] in {"invalid_input", "invalid_body", "model_not_found", "unsupported_operation"}
 
 
 def test_model_selection_with_several_models(dialect_server: LiveServer) -> None:

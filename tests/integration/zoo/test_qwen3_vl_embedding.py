@@ -96,7 +96,7 @@ class Reference:
         self.processor = AutoProcessor.from_pretrained(str(root), padding_side="right")
         self.model = Qwen3VLForConditionalGeneration.from_pretrained(str(root)).eval()
 
-    def embed(self, inputs: list[dict[str, Any]]) -> tuple[np.ndarray, list[int]]:
+    def embed(self, inputs: list[dict[str, Any]], max_length: int = 8192) -> tuple[np.ndarray, list[int]]:
         """Vectors and sequence lengths of `inputs` ({"text", "image", "instruction"}), in one batch."""
         conversations, images = [], []
         for given in inputs:
@@ -117,7 +117,7 @@ class Reference:
             text=text,
             images=images or None,
             truncation=True,
-            max_length=8192,
+            max_length=max_length,
             padding=True,
             do_resize=False,
             return_tensors="pt",
@@ -129,6 +129,31 @@ class Reference:
         pooled = hidden[torch.arange(hidden.shape[0]), last]
         vectors = torch.nn.functional.normalize(pooled, p=2, dim=-1)
         return vectors.numpy(), [int(n) for n in mask.sum(dim=1)]
+
+    def last_visual(self, given: dict[str, Any]) -> int:
+        """The position of a mixed input's last visual token in its sequence."""
+        image = reference_image(given["image"])
+        content = [{"type": "image", "image": image}, {"type": "text", "text": given["text"]}]
+        system = {"role": "system", "content": [{"type": "text", "text": reference_instruction(None)}]}
+        text = self.processor.apply_chat_template(
+            [[system, {"role": "user", "content": content}]], add_generation_prompt=True, tokenize=False
+        )
+        ids = self.processor(text=text, images=[image], do_resize=False, return_tensors="np")["input_ids"][0]
+        return int(np.flatnonzero(ids == self.processor.image_token_id)[-1])
+
+    def embed_text_first(self, given: dict[str, Any]) -> np.ndarray:
+        """A mixed input with its text before its image: not the reference's order."""
+        image = reference_image(given["image"])
+        content = [{"type": "text", "text": given["text"]}, {"type": "image", "image": image}]
+        system = {"role": "system", "content": [{"type": "text", "text": reference_instruction(None)}]}
+        text = self.processor.apply_chat_template(
+            [[system, {"role": "user", "content": content}]], add_generation_prompt=True, tokenize=False
+        )
+        encoded = self.processor(text=text, images=[image], do_resize=False, return_tensors="pt")
+        with torch.no_grad():
+            hidden = self.model.model(**encoded).last_hidden_state
+        vector: np.ndarray = torch.nn.functional.normalize(hidden[0, -1], p=2, dim=-1).numpy()
+        return vector
 
 
 # ---- fixtures -----------------------------------------------------------------------------------
@@ -217,6 +242,140 @@ def test_dimensions_cut_and_renormalise(client: httpx.Client, reference: Referen
     whole, _ = reference.embed([{"text": t} for t in TEXTS])
     cut = whole[:, :8] / np.linalg.norm(whole[:, :8], axis=1, keepdims=True)
     np.testing.assert_allclose(vectors(answer), cut, atol=TOLERANCE)
+
+
+#: Mixed inputs: a text with an image (one under min_pixels, one with alpha among them).
+MIXED: list[dict[str, Any]] = [
+    {"text": TEXTS[0], "image": IMAGES[0]},
+    {"text": TEXTS[1], "image": IMAGES[2]},
+    {"text": TEXTS[2], "image": IMAGES[1]},
+]
+
+
+def as_object(given: dict[str, Any]) -> dict[str, str]:
+    """A reference input as `/v1/embeddings`' input object: the image as a data URI."""
+    return {k: data_uri(v) if k == "image" else v for k, v in given.items()}
+
+
+def test_mixed_inputs_match_the_reference_batched_with_texts_and_images(
+    client: httpx.Client, reference: Reference
+) -> None:
+    """A text and an image in one input object: one user message, the image first, then the text,
+    as `Qwen3VLEmbedder.format_model_input` builds it; in one batch with a text and an image."""
+    given: list[dict[str, Any]] = [*MIXED, {"text": TEXTS[0]}, {"image": IMAGES[3]}]
+    body = {"model": "vl", "input": [*(as_object(g) for g in MIXED), TEXTS[0], {"image": data_uri(IMAGES[3])}]}
+    answer = client.post("/v1/embeddings", json=body)
+    expected, lengths = reference.embed(given)
+    got = vectors(answer)
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+    print(f"mixed inputs: largest difference from the reference {np.abs(got - expected).max():.2e}")
+    # Usage counts each input's whole sequence: the text's tokens and the image's visual tokens.
+    assert answer.json()["usage"]["prompt_tokens"] == sum(lengths)
+    alone = [reference.embed([{"text": g["text"]}])[0][0] for g in MIXED]
+    pictures = [reference.embed([{"image": g["image"]}])[0][0] for g in MIXED]
+    assert all(np.abs(got[i] - alone[i]).max() > 1e-3 for i in range(len(MIXED)))  # neither part alone
+    assert all(np.abs(got[i] - pictures[i]).max() > 1e-3 for i in range(len(MIXED)))
+
+
+def test_a_mixed_input_reads_the_image_before_the_text(client: httpx.Client, reference: Reference) -> None:
+    """The order is the reference's: the text first would be another vector."""
+    answer = vectors(client.post("/v1/embeddings", json={"model": "vl", "input": [as_object(MIXED[0])]}))
+    text_first = reference.embed_text_first(MIXED[0])
+    assert np.abs(answer[0] - text_first).max() > 1e-3
+
+
+def test_mixed_inputs_take_the_instruction(client: httpx.Client, reference: Reference) -> None:
+    body = {"model": "vl", "input": [as_object(g) for g in MIXED], "prompt_name": "query"}
+    expected, _ = reference.embed([{**g, "instruction": QUERY} for g in MIXED])
+    np.testing.assert_allclose(vectors(client.post("/v1/embeddings", json=body)), expected, atol=TOLERANCE)
+
+
+def test_cohere_v2_inputs_with_a_text_and_an_image_match_the_reference(
+    client: httpx.Client, reference: Reference
+) -> None:
+    """Cohere v2's content list: text parts (joined by newlines) and one image part are one input."""
+    inputs = [
+        {
+            "content": [
+                {"type": "text", "text": "a cat"},
+                {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}},
+                {"type": "text", "text": "on a windowsill"},
+            ]
+        },
+        {"content": [{"type": "text", "text": TEXTS[1]}]},
+        {"content": [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}}]},
+    ]
+    body = {"model": "vl", "inputs": inputs, "input_type": "search_query", "embedding_types": ["float"]}
+    answer = client.post("/v2/embed", json=body)
+    assert answer.status_code == 200, answer.text
+    given: list[dict[str, Any]] = [
+        {"text": "a cat\non a windowsill", "image": IMAGES[0]},
+        {"text": TEXTS[1]},
+        {"image": IMAGES[1]},
+    ]
+    expected, lengths = reference.embed([{**g, "instruction": QUERY} for g in given])
+    got = np.array(answer.json()["embeddings"]["float"], dtype=np.float32)
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+    assert answer.json()["meta"]["billed_units"]["input_tokens"] == sum(lengths)
+    assert answer.json()["texts"] == ["a cat\non a windowsill", TEXTS[1]]
+    two = {"content": [{"type": "image_url", "image_url": {"url": data_uri(i)}} for i in IMAGES[:2]]}
+    refused = client.post("/v2/embed", json={"model": "vl", "inputs": [two]})
+    assert refused.status_code == 400, refused.text
+    assert "at most one image" in refused.json()["error"]["message"]
+
+
+def test_mixed_inputs_one_at_a_time_equal_batched(client: httpx.Client) -> None:
+    body = {"model": "vl", "input": [TEXTS[1], *(as_object(g) for g in MIXED), {"image": data_uri(IMAGES[0])}]}
+    batched = vectors(client.post("/v1/embeddings", json=body))
+    for i, one in enumerate(body["input"]):
+        single = vectors(client.post("/v1/embeddings", json={"model": "vl", "input": [one]}))
+        np.testing.assert_allclose(single[0], batched[i], atol=1e-5)
+
+
+def test_an_over_long_mixed_input_loses_its_text_end_never_its_image(
+    serve: Any, files: Path, reference: Reference
+) -> None:
+    """Cut at its end as the reference's processor cuts it while every visual token stays; a cut
+    into the image, or no cut allowed, is a 400."""
+    _, (length,) = reference.embed([MIXED[0]])
+    limit = length - 4  # the assistant's opening and the last text token go
+    live = serve({"models": [{"name": "short", "source": str(files), "max_length": limit}]})
+    with live.client() as opened:
+        answer = opened.post("/v1/embeddings", json={"model": "short", "input": [as_object(MIXED[0])]})
+        expected, lengths = reference.embed([MIXED[0]], max_length=limit)
+        np.testing.assert_allclose(vectors(answer), expected, atol=TOLERANCE)
+        assert answer.json()["usage"]["prompt_tokens"] == lengths[0] == limit
+        whole = {"model": "short", "input": [as_object(MIXED[0])], "truncate": False}
+        assert opened.post("/v1/embeddings", json=whole).status_code == 400
+    live = serve({"models": [{"name": "shorter", "source": str(files), "max_length": reference.last_visual(MIXED[0])}]})
+    with live.client() as opened:  # the last visual token would be the first one cut
+        refused = opened.post("/v1/embeddings", json={"model": "shorter", "input": [as_object(MIXED[0])]})
+    assert refused.status_code == 400, refused.text
+    assert "the text and the image's" in refused.json()["error"]["message"]
+
+
+def test_image_rerank_ranks_a_mixed_document_by_its_mixed_vector(client: httpx.Client) -> None:
+    documents = [as_object(MIXED[0]), data_uri(IMAGES[3])]
+    ranked = client.post("/v1/rerank/images", json={"model": "vl", "query": TEXTS[2], "documents": documents})
+    assert ranked.status_code == 200, ranked.text
+    scores = {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}
+    query = vectors(client.post("/v1/embeddings", json={"model": "vl", "input": [TEXTS[2]]}))[0]
+    embedded = vectors(
+        client.post("/v1/embeddings", json={"model": "vl", "input": [documents[0], {"image": documents[1]}]})
+    )
+    np.testing.assert_allclose([scores[0], scores[1]], embedded @ query, atol=1e-5)
+
+
+def test_bad_input_objects_are_refused(client: httpx.Client) -> None:
+    cases = [
+        {"model": "vl", "input": [{}]},
+        {"model": "vl", "input": [{"text": "", "image": data_uri(IMAGES[0])}]},
+        {"model": "vl", "input": [{"text": "a", "image": data_uri(IMAGES[0])}], "modality": "image"},
+        {"model": "vl", "input": [{"text": "a", "image": "data:image/png;base64,bm90IGFuIGltYWdl"}]},
+    ]
+    for body in cases:
+        answer = client.post("/v1/embeddings", json=body)
+        assert answer.status_code == 400, (body, answer.text)
 
 
 def test_the_model_says_what_it_takes(client: httpx.Client) -> None:

@@ -254,3 +254,41 @@ def test_the_fixed_prompt_keys_are_refused(serve: Any, files: Path) -> None:
         answer = opened.post("/rerank", json={"model": "vlr", "query": QUERY, "documents": DOCUMENTS})
     assert answer.status_code == 503, answer.text
     assert "template" in answer.json()["error"]["message"]
+
+
+def test_documents_holding_a_text_and_an_image_score_as_the_reference(
+    client: httpx.Client, reference: Reference
+) -> None:
+    """An object document `{image, text}`: one pair, its image then its text after "<Document>:",
+    as the reference's `format_mm_content` lays out a document given both; batched with image
+    documents, and each alone the same."""
+    given: list[dict[str, Any]] = [
+        {"image": IMAGES[0], "text": DOCUMENTS[0]},
+        {"image": IMAGES[1], "text": DOCUMENTS[1]},
+        {"image": IMAGES[2]},
+        {"image": IMAGES[3], "text": DOCUMENTS[2]},
+    ]
+    sent: list[Any] = [
+        {"image": data_uri(g["image"]), "text": g["text"]} if "text" in g else data_uri(g["image"]) for g in given
+    ]
+    body = {"model": "vlr", "query": QUERY, "documents": sent, "return_documents": True}
+    answer = client.post("/v1/rerank/images", json=body)
+    expected, _, lengths = reference.score(given)
+    got = by_index(answer)
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+    print(f"mixed documents: largest difference from the reference {np.abs(got - expected).max():.2e}")
+    assert answer.json()["usage"]["prompt_tokens"] == sum(lengths)  # text and visual tokens
+    assert {r["index"]: r["document"] for r in answer.json()["results"]}[0] == sent[0]
+    pictures, _, _ = reference.score([{"image": g["image"]} for g in given])
+    assert abs(expected[0] - pictures[0]) > 1e-4  # the text counts
+    for i, document in enumerate(sent):
+        single = client.post("/v1/rerank/images", json={"model": "vlr", "query": QUERY, "documents": [document]})
+        np.testing.assert_allclose(by_index(single)[0], got[i], atol=1e-5)
+    instruction = "Find the picture of a cat"
+    instructed, _, _ = reference.score(given, instruction)
+    body = {"model": "vlr", "query": QUERY, "documents": sent, "instruction": instruction}
+    np.testing.assert_allclose(by_index(client.post("/v1/rerank/images", json=body)), instructed, atol=TOLERANCE)
+    no_image = {"model": "vlr", "query": QUERY, "documents": [{"text": DOCUMENTS[0]}]}
+    refused = client.post("/v1/rerank/images", json=no_image)
+    assert refused.status_code == 400, refused.text
+    assert "has no image" in refused.json()["error"]["message"]
