@@ -49,6 +49,9 @@ SPARSE_STATIC = "sentence_transformers.sparse_encoder.models.SparseStaticEmbeddi
 
 #: Qwen3-VL-Embedding's config.json, as far as detection reads it.
 QWEN3_VL = {"model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"], "vision_config": {}}
+#: GME's (a Qwen2-VL chat model's config), and the reference code published beside its weights.
+QWEN2_VL = {**QWEN3_VL, "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"]}
+GME_CODE = {"gme_inference.py": "# the GME reference code\n"}
 #: Qwen2.5-VL's, which no family serves.
 QWEN2_5_VL = {**QWEN3_VL, "model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"]}
 
@@ -125,6 +128,18 @@ CASES: dict[str, tuple[Case, Case | None]] = {
     "qwen3-vl-embedding": (
         Case({"config.json": QWEN3_VL}, {"kind": "dense"}),
         Case({"config.json": QWEN2_5_VL}, {"kind": "dense"}),
+    ),
+    "qwen2-vl-not-gme": (
+        Case({"config.json": QWEN2_VL}),
+        Case({"config.json": QWEN2_VL, **GME_CODE}),
+    ),
+    "gme-own-code": (
+        Case({"config.json": {**QWEN2_VL, "auto_map": {"AutoModel": "gme_inference.GmeQwen2VL"}}, **GME_CODE}),
+        Case({"config.json": {**QWEN2_VL, "auto_map": {"AutoModel": "gme_inference.GmeQwen2VL"}}}),
+    ),
+    "gme": (
+        Case({"config.json": QWEN2_VL, **GME_CODE}),
+        Case({"config.json": QWEN3_VL}, {"kind": "dense"}),
     ),
     "vision-language": (
         Case({"config.json": QWEN2_5_VL, **POOLED}, {"kind": "dense"}),
@@ -239,6 +254,8 @@ DECIDES: dict[str, Kind | str | bool] = {
     "peft-adapters": "peft_lora",
     "siglip2-naflex": "naflex",
     "qwen3-vl-embedding": "qwen3_vl",
+    "gme": "gme",
+    "gme-own-code": False,
     "qwen3-vl-reranker": "qwen3_vl_reranker",
     "llm-reranker": "llm_reranker",
 }

@@ -24,13 +24,15 @@ from model_registry.types import Capability, Embedding, Kind
 #: The order the rules are tried in, written down: a family's declaration must not move another's.
 ORDER = [
     *("open-clip", "static-not-dense", "model2vec", "static-embedding", "sparse-static-not-sparse"),
-    *("sparse-static", "peft-adapter-only", "no-config", "qwen3-vl-not-embedding", "vision-language"),
-    *("jina-hf-adapters", "native-port", "jina-lora-port", "custom-module", "remote-code-untrusted"),
+    *("sparse-static", "peft-adapter-only", "no-config", "qwen2-vl-not-gme", "qwen3-vl-not-embedding"),
+    *("vision-language", "jina-hf-adapters", "gme-own-code", "native-port", "jina-lora-port", "custom-module"),
+    "remote-code-untrusted",
     *("remote-code-offline", "remote-code"),
     *("bge-m3", "colbert-ai", "pylate", "splade", "cross-encoder", "classifier", "llm-reranker-template"),
     *("media", "causal-lm-without-pooling", "seq2seq-without-pooling", "bare-masked-lm", "dense"),
     *("adapters-elsewhere", "qwen3-vl-reranker-keys", "rerank-keys-elsewhere", "jina-lora-not-dense"),
-    *("jina-lora", "peft-adapters", "qwen3-vl-reranker", "siglip2-naflex", "qwen3-vl-embedding", "llm-reranker"),
+    *("jina-lora", "peft-adapters", "qwen3-vl-reranker", "siglip2-naflex", "qwen3-vl-embedding", "gme"),
+    "llm-reranker",
 ]
 
 

@@ -75,8 +75,8 @@ def _vision_language_message(facts: Facts) -> str:
         f"{facts.root} holds a vision-language model ({what}, model_type {facts.model_type}), which this server "
         "does not serve: read as a text model it would answer other vectors and scores than the model's. Its "
         "reference code (such as the Qwen3-VL-Embedding and -Reranker repositories') or vLLM's pooling runner "
-        "serves it. The image-text families served here are CLIP, SigLIP, SigLIP 2, CLAP, ColPali, ColQwen2 and "
-        "Qwen3-VL-Embedding"
+        "serves it. The image-text families served here are CLIP, SigLIP, SigLIP 2, CLAP, ColPali, ColQwen2, "
+        "Qwen3-VL-Embedding and GME (Qwen2-VL)"
     )
 
 
@@ -216,7 +216,7 @@ GENERAL: tuple[Rule, ...] = (
         "kind",
         _media,
         "the media kind of its architecture: CLIP, SigLIP, SigLIP 2 `image_text`; CLAP `audio_text`; "
-        "ColPali, ColQwen2, ColModernVBert `page_text`; Qwen3-VL `dense` (Qwen3-VL-Embedding)",
+        "ColPali, ColQwen2, ColModernVBert `page_text`; Qwen3-VL `dense` (Qwen3-VL-Embedding), Qwen2-VL `dense` (GME)",
         kind=_media_kind,
         order=60,
     ),
