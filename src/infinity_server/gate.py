@@ -34,6 +34,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from infinity_server.routing import READY_PATH
 from model_registry.errors import ConfigError
 
 log = logging.getLogger("infinity_server.gate")
@@ -200,7 +201,7 @@ class Gate:
     async def _poll(self, state: GroupState) -> None:
         """Ask the group's `/ready` until it answers 200, while any request waits."""
         assert self.client is not None, "This is a bug: the gate polls before its start"
-        url = state.group.url.rstrip("/") + "/ready"
+        url = state.group.url.rstrip("/") + READY_PATH
         while state.waiting > 0 and not state.ready:
             try:
                 answer = await self.client.get(url, timeout=2.0)

@@ -34,6 +34,8 @@ JSON, MULTIPART = "application/json", "multipart/form-data"
 MODEL_ERRORS = (400, 401, 403, 404, 408, 413, 415, 422, 429, 499, 500, 503, 504)
 #: A route without a body or a model: a missing or wrong key, or a draining server.
 PLAIN_ERRORS = (401, 403, 503)
+#: The readiness route, which the gate (`gate.py`) also asks of a group's replicas.
+READY_PATH = "/ready"
 ADMIN_ERRORS = (400, 401, 403, 404, 499, 503, 504)
 #: A batch route: a bad field (400), no such file or job, or the API off (404), a job that is over
 #: (409), a file too large or no room left (413), too many jobs for the key (429).

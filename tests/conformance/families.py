@@ -11,6 +11,7 @@ engines it runs on are not listed here: they are read from the engine tables
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.builders.catalogue import (
     tiny_nomic,
 )
 from tests.builders.embedders import tiny_xlmr
+from tests.builders.gme import tiny_gme
 from tests.builders.gte import tiny_gte_multilingual
 from tests.builders.jina import tiny_jina_v3
 from tests.builders.llm_rerankers import (
@@ -38,6 +40,7 @@ from tests.builders.llm_rerankers import (
 )
 from tests.builders.media import image_bytes, tiny_clip, tiny_open_clip, tiny_siglip2, tiny_siglip2_naflex
 from tests.builders.peft import tiny_bert_with_adapter
+from tests.builders.qwen3_vl import tiny_qwen3_vl_embedding, tiny_qwen3_vl_reranker
 from tests.builders.routers import tiny_dense_router, tiny_inference_free_gte, tiny_inference_free_sparse
 from tests.builders.static import tiny_potion, tiny_static_embedding
 from tests.builders.text import tiny_bert
@@ -123,6 +126,15 @@ def _answerai(root: Path) -> Path:
 
 def _classifier(root: Path) -> Path:
     return tiny_cross_encoder(root, labels=3, initializer_range=0.3, segment_ids=True)
+
+
+def _gme_own_code(root: Path) -> Path:
+    """GME whose config.json names its reference code (`auto_map`), which the server never runs."""
+    directory = tiny_gme(root)
+    config = json.loads((directory / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "gme_inference.GmeQwen2VL"}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
 
 
 def _splade(root: Path) -> Path:
@@ -478,6 +490,48 @@ FAMILIES: tuple[Family, ...] = (
         "image_text",
         ref.siglip2(PICTURES),
         ("media",),
+    ),
+    Family(
+        "Qwen3-VL-Embedding",
+        ("Qwen/Qwen3-VL-Embedding-2B",),
+        tiny_qwen3_vl_embedding,
+        "dense",
+        "qwen3_vl",
+        "image_text",
+        ref.qwen3_vl_embedding(PICTURES),
+        ("media", "qwen3-vl-embedding"),
+    ),
+    Family(
+        "Qwen3-VL-Reranker",
+        ("Qwen/Qwen3-VL-Reranker-2B",),
+        tiny_qwen3_vl_reranker,
+        "reranker",
+        "qwen3_vl",
+        "rerank",
+        ref.qwen3_vl_reranker(QUERY),
+        ("qwen3-vl-reranker",),
+        entry={"kind": "reranker"},
+        torch_only="vision-language: torch only",
+    ),
+    Family(
+        "GME",
+        ("Alibaba-NLP/gme-Qwen2-VL-2B-Instruct",),
+        tiny_gme,
+        "dense",
+        "qwen2_vl",
+        "image_text",
+        ref.gme(PICTURES),
+        ("media", "gme"),
+    ),
+    Family(
+        "GME (own code named)",
+        ("GME with an `auto_map` naming its code",),
+        _gme_own_code,
+        "dense",
+        "qwen2_vl",
+        "image_text",
+        ref.gme(PICTURES),
+        ("media", "gme-own-code", "gme"),
     ),
     Family(
         "SigLIP 2 NaFlex",

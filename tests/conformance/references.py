@@ -269,3 +269,40 @@ def _rgb(picture: bytes) -> Any:
     from PIL import Image
 
     return Image.open(io.BytesIO(picture)).convert("RGB")
+
+
+def qwen3_vl_embedding(pictures: Sequence[bytes]) -> Reference:
+    """The texts, then the pictures, as Qwen3-VL-Embedding's official embedder builds and pools
+    them (its test's reference: transformers' Qwen3-VL classes and the official recipe)."""
+
+    def encode(directory: Path, texts: Sequence[str], queries: bool) -> list[Answer]:
+        from tests.integration.zoo.test_qwen3_vl_embedding import Reference as Official
+
+        model = Official(directory)
+        return [model.embed([{"text": t} for t in texts])[0], model.embed([{"image": p} for p in pictures])[0]]
+
+    return encode
+
+
+def gme(pictures: Sequence[bytes]) -> Reference:
+    """The texts, then the pictures, as GME's `gme_inference.py` builds and pools them (its test's
+    reference: transformers' Qwen2-VL classes and the reference's recipe)."""
+
+    def encode(directory: Path, texts: Sequence[str], queries: bool) -> list[Answer]:
+        from tests.integration.zoo.test_gme import Reference as Official
+
+        model = Official(directory)
+        return [model.embed([{"text": t} for t in texts])[0], model.embed([{"image": p} for p in pictures])[0]]
+
+    return encode
+
+
+def qwen3_vl_reranker(query: str) -> Reference:
+    """p(yes) of each (query, text) pair as Qwen3-VL-Reranker's official scorer gives it."""
+
+    def score(directory: Path, texts: Sequence[str], queries: bool) -> list[Answer]:
+        from tests.integration.zoo.test_qwen3_vl_reranker import Reference as Official
+
+        return [Official(directory).score([{"text": t} for t in texts], query=query)[0]]
+
+    return score

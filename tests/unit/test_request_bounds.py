@@ -43,6 +43,9 @@ BOUNDED_BY_CONFIG: dict[tuple[str, str], str] = {
     (r"\.inputs\.(sentences|source_sentence)(\[\])*", "array"): _TEXTS,
     (r"\.inputs\.(sentences|source_sentence)(\[\])*", "string"): _TEXTS,
     (r"\.inputs\[\]\.content\[\]\.text", "string"): _TEXTS,
+    # an input object's (or an image document's) text and image: a text and an image together
+    (r"\.(input|documents)\[\]\.text", "string"): _TEXTS,
+    (r"\.(input|documents)\[\]\.image", "string"): _MEDIA,
     (r"\.inputs\[\]\.content\[\]\.image_url\.url", "string"): _MEDIA,
     (r"\.file", "string"): "batch_max_file_bytes (the upload's body limit) and batch_max_requests lines",
 }

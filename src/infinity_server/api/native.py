@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity_server.api.common import json_response, registry_of
-from infinity_server.routing import PLAIN_ERRORS, get
+from infinity_server.routing import PLAIN_ERRORS, READY_PATH, get
 from infinity_server.schemas.responses import Health, Readiness
 from model_registry import ModelState
 
@@ -47,7 +47,7 @@ _OPEN = {"errors": (), "scope": None, "tag": "operations"}
 operations = [
     get("/health", health, "Liveness", quiet=True, while_draining=True, **_OPEN),
     get(
-        "/ready",
+        READY_PATH,
         ready,
         "Readiness: models loaded, not draining",
         response=Readiness,
