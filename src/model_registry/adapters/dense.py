@@ -20,7 +20,7 @@ from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.engines import engines_for
 from model_registry.adapters.items import embed_item
 from model_registry.adapters.pooling import exclude_prompt, pool
-from model_registry.adapters.text import TextTokenizer, Tokens
+from model_registry.adapters.text import TextTokenizer, Tokens, text_tokens
 from model_registry.backends import create_engine
 from model_registry.backends.base import EncoderBatch, EncoderOutput, Engine, EngineOptions, Packed, Task
 from model_registry.backends.cache import UnsafeCache
@@ -28,7 +28,7 @@ from model_registry.backends.choice import Choice
 from model_registry.backends.torch import engine as backend
 from model_registry.backends.weights import weight_bytes
 from model_registry.detection.layout import DenseLayer, Layout
-from model_registry.errors import InvalidInput, ModelUnavailable, UnsupportedOperation
+from model_registry.errors import ModelUnavailable, UnsupportedOperation
 from model_registry.types import (
     Capability,
     Embedding,
@@ -38,8 +38,6 @@ from model_registry.types import (
     Output,
     Prepared,
     Result,
-    Text,
-    TokenIds,
 )
 
 _ACTIVATIONS = {
@@ -312,28 +310,9 @@ class TextEncoder(Adapter):
         return weight_bytes(self.layout.root) + working
 
     def text_tokens(self, items: Sequence[EmbedItem]) -> list[Tokens]:
-        """Tokenize text and token-id items of one request, prompts prepended."""
+        """Tokenize text and token-id items of one request, prompts prepended (`text.text_tokens`)."""
         assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
-        tokens: list[Tokens | None] = [None] * len(items)
-        texts, where = [], []
-        for i, item in enumerate(items):
-            if isinstance(item.content, TokenIds):
-                checked = self.tokenizer.check_ids(item.content.ids, item.truncate, i, item.max_tokens)
-                tokens[i] = Tokens(tuple(checked))
-            elif isinstance(item.content, Text):
-                texts.append(item.prompt + item.content.text)
-                where.append(i)
-            else:
-                raise InvalidInput(f"input {i}: this model embeds text only", param="input")
-        left = [items[i].truncate_left for i in where]
-        keep = [self.tokenizer.prompt_length(items[i].prompt) if items[i].prompt else 0 for i in where]
-        caps = [items[i].max_tokens for i in where]
-        encoded = self.tokenizer.encode(texts, [items[i].truncate for i in where], left=left, keep=keep, caps=caps)
-        for i, ids in zip(where, encoded, strict=True):
-            prompt = items[i].prompt
-            prompt_tokens = self.tokenizer.prompt_length(prompt) if prompt and not self.layout.include_prompt else 0
-            tokens[i] = Tokens(tuple(ids), prompt_tokens)
-        return [t for t in tokens if t is not None]
+        return text_tokens(self.tokenizer, items, include_prompt=self.layout.include_prompt)
 
     def text_batch(self, items: Sequence[Prepared]) -> TextBatch:
         assert self.tokenizer is not None, "This is a bug: collate() called before load()"

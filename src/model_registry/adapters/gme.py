@@ -21,14 +21,13 @@ included, as the reference's processor cuts it; an image input that long is refu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from model_registry.adapters.base import Adapter, LoadOptions
-from model_registry.adapters.qwen3_vl import fitted_size
+from model_registry.adapters.qwen3_vl import Batch, collate, fitted_size
 from model_registry.backends.torch import engine as backend
 from model_registry.backends.weights import from_pretrained_checked
 from model_registry.detection.layout import Layout
@@ -70,12 +69,6 @@ def prompt(instruction: str, text: str, *, image: bool) -> str:
             "<|im_start|>assistant\n<|endoftext|>",
         )
     )
-
-
-@dataclass(frozen=True)
-class Batch:
-    tensors: dict[str, torch.Tensor]
-    last: torch.Tensor  # each row's last real position
 
 
 class GmeAdapter(Adapter):
@@ -215,21 +208,7 @@ class GmeAdapter(Adapter):
     # ---- batches ---------------------------------------------------------------------------------
 
     def collate(self, items: Sequence[Prepared]) -> Batch:
-        longest = max(len(p.data["input_ids"]) for p in items)
-        pad_id = self.processor.tokenizer.pad_token_id
-        ids = np.full((len(items), longest), 0 if pad_id is None else int(pad_id), dtype=np.int64)
-        mask = np.zeros((len(items), longest), dtype=np.int64)
-        for row, p in enumerate(items):
-            n = len(p.data["input_ids"])
-            ids[row, :n], mask[row, :n] = p.data["input_ids"], 1
-        tensors = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
-        pictured = [p.data for p in items if "pixel_values" in p.data]
-        if pictured:
-            pixels = np.concatenate([d["pixel_values"] for d in pictured])
-            tensors["pixel_values"] = torch.from_numpy(pixels).to(self.dtype)
-            tensors["image_grid_thw"] = torch.from_numpy(np.stack([d["image_grid_thw"] for d in pictured]))
-        last = torch.from_numpy(mask.sum(axis=1) - 1)
-        return Batch({k: v.to(self.device) for k, v in tensors.items()}, last)
+        return collate(items, self.processor.tokenizer.pad_token_id, self.dtype, self.device)
 
     def forward(self, batch: Batch) -> np.ndarray:
         tensors = batch.tensors

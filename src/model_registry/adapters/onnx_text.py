@@ -22,8 +22,9 @@ import numpy as np
 
 from model_registry.adapters.base import Adapter, LoadOptions
 from model_registry.adapters.items import embed_item
-from model_registry.adapters.pairs import activation_name, encode_pairs, score
-from model_registry.adapters.text import TextTokenizer, Tokens, pad
+from model_registry.adapters.pairs import activation_name, encode_pairs, padded, score
+from model_registry.adapters.static import normalized
+from model_registry.adapters.text import TextTokenizer, text_tokens
 from model_registry.backends.base import EncoderBatch, EngineOptions, Task
 from model_registry.backends.weights import activation_bytes
 from model_registry.detection.layout import DenseLayer, Layout
@@ -153,12 +154,6 @@ def read_dense(layer: DenseLayer) -> Linear:
     if layer.bias and bias is None:
         raise ModelUnavailable(f"{path} holds no linear.bias, which its config.json declares")
     return Linear(weight.astype(np.float32), None if bias is None else bias.astype(np.float32), layer.activation)
-
-
-def normalized(vectors: np.ndarray) -> np.ndarray:
-    """sentence-transformers' Normalize (torch's `normalize`: the norm at least 1e-12)."""
-    unit: np.ndarray = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return unit
 
 
 @dataclass(frozen=True)
@@ -297,24 +292,8 @@ class OnnxDense(OnnxText):
     def prepare(self, items: Sequence[Item]) -> list[Prepared]:
         assert self.tokenizer is not None, "This is a bug: prepare() called before load()"
         checked = [self._check(i, item) for i, item in enumerate(items)]
-        tokens: list[Tokens | None] = [None] * len(checked)
-        where = [i for i, item in enumerate(checked) if isinstance(item.content, Text)]
-        for i, item in enumerate(checked):
-            if isinstance(item.content, TokenIds):
-                tokens[i] = Tokens(tuple(self.tokenizer.check_ids(item.content.ids, item.truncate, i, item.max_tokens)))
-        texts = [self._text(checked[i]) for i in where]
-        encoded = self.tokenizer.encode(
-            texts,
-            [checked[i].truncate for i in where],
-            left=[checked[i].truncate_left for i in where],
-            keep=[self.tokenizer.prompt_length(checked[i].prompt) if checked[i].prompt else 0 for i in where],
-            caps=[checked[i].max_tokens for i in where],
-        )
-        for i, ids in zip(where, encoded, strict=True):
-            prompt = checked[i].prompt
-            excluded = self.tokenizer.prompt_length(prompt) if prompt and not self.layout.include_prompt else 0
-            tokens[i] = Tokens(tuple(ids), excluded)
-        return [Prepared(i, len(t.ids), len(t.ids), t) for i, t in enumerate(tokens) if t is not None]
+        tokens = text_tokens(self.tokenizer, checked, include_prompt=self.layout.include_prompt)
+        return [Prepared(i, len(t.ids), len(t.ids), t) for i, t in enumerate(tokens)]
 
     def _check(self, index: int, item: Item) -> EmbedItem:
         checked = embed_item(item, frozenset({Output.DENSE}), "a dense embedding model")
@@ -328,17 +307,12 @@ class OnnxDense(OnnxText):
             )
         return checked
 
-    @staticmethod
-    def _text(item: EmbedItem) -> str:
-        assert isinstance(item.content, Text), "This is a bug: only texts are encoded"
-        return item.prompt + item.content.text
-
     def collate(self, items: Sequence[Prepared]) -> Batch:
         assert self.tokenizer is not None, "This is a bug: collate() called before load()"
-        padded = self.tokenizer.pad([p.data.ids for p in items])
+        ids = self.tokenizer.pad([p.data.ids for p in items])
         prompts = np.asarray([p.data.prompt_tokens for p in items], dtype=np.int64)
-        inputs = EncoderBatch(padded.input_ids, padded.attention_mask)
-        return Batch(inputs, exclude_prompt(padded.attention_mask, prompts))
+        inputs = EncoderBatch(ids.input_ids, ids.attention_mask)
+        return Batch(inputs, exclude_prompt(ids.attention_mask, prompts))
 
     def forward(self, batch: Batch) -> np.ndarray:
         states = self.outputs(batch.inputs)
@@ -397,9 +371,7 @@ class OnnxCrossEncoder(OnnxText):
 
     def collate(self, items: Sequence[Prepared]) -> EncoderBatch:
         assert self.tokenizer is not None, "This is a bug: collate() called before load()"
-        padded = self.tokenizer.pad([p.data.ids for p in items])
-        types = pad([p.data.type_ids for p in items], 0, left=padded.left).input_ids
-        return EncoderBatch(padded.input_ids, padded.attention_mask, types if self.uses_type_ids else None)
+        return padded(self.tokenizer, [p.data for p in items], type_ids=self.uses_type_ids)
 
     def forward(self, batch: EncoderBatch) -> np.ndarray:
         return np.asarray(self.outputs(batch), dtype=np.float32)

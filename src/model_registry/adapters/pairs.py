@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from model_registry.adapters.text import TextTokenizer
+from model_registry.adapters.text import TextTokenizer, pad
+from model_registry.backends.base import EncoderBatch
 from model_registry.errors import InputTooLong
 from model_registry.types import PairItem, Score
 
@@ -19,6 +20,14 @@ class Encoded:
 
     ids: tuple[int, ...]
     type_ids: tuple[int, ...]
+
+
+def padded(tokenizer: TextTokenizer, encoded: Sequence[Encoded], *, type_ids: bool) -> EncoderBatch:
+    """Encoded sequences padded into the engine's batch, with their segment ids where the model
+    reads them."""
+    ids = tokenizer.pad([e.ids for e in encoded])
+    types = pad([e.type_ids for e in encoded], 0, left=ids.left).input_ids if type_ids else None
+    return EncoderBatch(ids.input_ids, ids.attention_mask, types)
 
 
 def activation_name(config: dict[str, Any]) -> str:

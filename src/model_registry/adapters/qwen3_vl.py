@@ -25,6 +25,7 @@ import math
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,31 @@ class Batch:
     last: torch.Tensor  # each row's last real position
 
 
+def collate(items: Sequence[Prepared], pad_id: int | None, dtype: torch.dtype, device: str | None) -> Batch:
+    """Prepared sequences (their `input_ids`, and where given `mm_token_type_ids` and one image's
+    `pixel_values` and `image_grid_thw`) padded on the right into one batch on `device`, with
+    each row's last real position."""
+    longest = max(len(p.data["input_ids"]) for p in items)
+    ids = np.full((len(items), longest), 0 if pad_id is None else int(pad_id), dtype=np.int64)
+    mask = np.zeros((len(items), longest), dtype=np.int64)
+    kinds = np.zeros((len(items), longest), dtype=np.int64)
+    for row, p in enumerate(items):
+        n = len(p.data["input_ids"])
+        ids[row, :n], mask[row, :n] = p.data["input_ids"], 1
+        if "mm_token_type_ids" in p.data:
+            kinds[row, :n] = p.data["mm_token_type_ids"]
+    tensors = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+    if any("mm_token_type_ids" in p.data for p in items):
+        tensors["mm_token_type_ids"] = torch.from_numpy(kinds)
+    pictured = [p.data for p in items if "pixel_values" in p.data]
+    if pictured:
+        pixels = np.concatenate([d["pixel_values"] for d in pictured])
+        tensors["pixel_values"] = torch.from_numpy(pixels).to(dtype)
+        tensors["image_grid_thw"] = torch.from_numpy(np.stack([d["image_grid_thw"] for d in pictured]))
+    last = torch.from_numpy(mask.sum(axis=1) - 1)
+    return Batch({k: v.to(device) for k, v in tensors.items()}, last)
+
+
 class Qwen3VLEmbeddingAdapter(Adapter):
     kind = Kind.DENSE
     capabilities = frozenset({Capability.EMBED_TEXT, Capability.EMBED_IMAGE})
@@ -119,18 +145,10 @@ class Qwen3VLEmbeddingAdapter(Adapter):
     # ---- loading ---------------------------------------------------------------------------------
 
     def load(self, options: LoadOptions) -> None:
-        from transformers import AutoProcessor, Qwen3VLModel
+        from transformers import Qwen3VLModel
 
         self._check_files()
-        self.device = backend.resolve_device(options.device)
-        self.dtype = backend.resolve_dtype(options.dtype, self.device)
-        backend.configure_threads(options.threads)
-        self.limits = options.media
-        directory = self.layout.transformer_dir
-        self.processor = AutoProcessor.from_pretrained(str(directory))  # type: ignore[no-untyped-call]
-        images = self.processor.image_processor
-        self.factor = int(images.patch_size) * int(images.merge_size)
-        self.min_pixels, self.max_pixels = self._pixel_bounds()
+        directory = self.open_processor(options)
         model = from_pretrained_checked(Qwen3VLModel, directory, "embedding", dtype=self.dtype)
         self.model = model.to(self.device).eval()
         text_config = self.model.config.text_config
@@ -143,6 +161,22 @@ class Qwen3VLEmbeddingAdapter(Adapter):
         # here, so that its wrapper never reconfigures the Rust tokenizer under a prepare thread.
         self._encode(self._render(DEFAULT_INSTRUCTION, "", image=False), None)
         self._footprint = backend.module_bytes(self.model) * 2
+
+    def open_processor(self, options: LoadOptions) -> Path:
+        """Device, precision, threads, media limits and the processor with its pixel bounds, as
+        the embedder and the reranker load them; the model's directory."""
+        from transformers import AutoProcessor
+
+        self.device = backend.resolve_device(options.device)
+        self.dtype = backend.resolve_dtype(options.dtype, self.device)
+        backend.configure_threads(options.threads)
+        self.limits = options.media
+        directory = self.layout.transformer_dir
+        self.processor = AutoProcessor.from_pretrained(str(directory))  # type: ignore[no-untyped-call]
+        images = self.processor.image_processor
+        self.factor = int(images.patch_size) * int(images.merge_size)
+        self.min_pixels, self.max_pixels = self._pixel_bounds()
+        return directory
 
     def _check_files(self) -> None:
         """Read every setting of the files that changes the vectors, or refuse the model."""
@@ -272,26 +306,7 @@ class Qwen3VLEmbeddingAdapter(Adapter):
     # ---- batches ---------------------------------------------------------------------------------
 
     def collate(self, items: Sequence[Prepared]) -> Batch:
-        longest = max(len(p.data["input_ids"]) for p in items)
-        pad_id = self.processor.tokenizer.pad_token_id
-        ids = np.full((len(items), longest), 0 if pad_id is None else int(pad_id), dtype=np.int64)
-        mask = np.zeros((len(items), longest), dtype=np.int64)
-        kinds = np.zeros((len(items), longest), dtype=np.int64)
-        for row, p in enumerate(items):
-            n = len(p.data["input_ids"])
-            ids[row, :n], mask[row, :n] = p.data["input_ids"], 1
-            if "mm_token_type_ids" in p.data:
-                kinds[row, :n] = p.data["mm_token_type_ids"]
-        tensors = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
-        if any("mm_token_type_ids" in p.data for p in items):
-            tensors["mm_token_type_ids"] = torch.from_numpy(kinds)
-        pictured = [p.data for p in items if "pixel_values" in p.data]
-        if pictured:
-            pixels = np.concatenate([d["pixel_values"] for d in pictured])
-            tensors["pixel_values"] = torch.from_numpy(pixels).to(self.dtype)
-            tensors["image_grid_thw"] = torch.from_numpy(np.stack([d["image_grid_thw"] for d in pictured]))
-        last = torch.from_numpy(mask.sum(axis=1) - 1)
-        return Batch({k: v.to(self.device) for k, v in tensors.items()}, last)
+        return collate(items, self.processor.tokenizer.pad_token_id, self.dtype, self.device)
 
     def forward(self, batch: Batch) -> np.ndarray:
         with torch.inference_mode():

@@ -63,19 +63,11 @@ class Qwen3VLRerankerAdapter(Qwen3VLEmbeddingAdapter):
     # ---- loading ---------------------------------------------------------------------------------
 
     def load(self, options: LoadOptions) -> None:
-        from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+        from transformers import Qwen3VLForConditionalGeneration
 
         if self.layout.adapters:
             raise ModelUnavailable(f"{self.layout.root}: `adapters` (PEFT LoRA) are not served on Qwen3-VL-Reranker")
-        self.device = backend.resolve_device(options.device)
-        self.dtype = backend.resolve_dtype(options.dtype, self.device)
-        backend.configure_threads(options.threads)
-        self.limits = options.media
-        directory = self.layout.transformer_dir
-        self.processor = AutoProcessor.from_pretrained(str(directory))  # type: ignore[no-untyped-call]
-        images = self.processor.image_processor
-        self.factor = int(images.patch_size) * int(images.merge_size)
-        self.min_pixels, self.max_pixels = self._pixel_bounds()
+        directory = self.open_processor(options)
         tokenizer = self.processor.tokenizer
         vocabulary = tokenizer.get_vocab()
         missing = [t for t in (self.prompt.true_token, self.prompt.false_token) if t not in vocabulary]

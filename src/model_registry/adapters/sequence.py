@@ -19,8 +19,7 @@ import torch
 
 from model_registry.adapters.base import LoadOptions
 from model_registry.adapters.dense import TextEncoder, as_tensor
-from model_registry.adapters.pairs import Encoded, activation_name, encode_pairs, score, uncut_length
-from model_registry.adapters.text import pad
+from model_registry.adapters.pairs import Encoded, activation_name, encode_pairs, padded, score, uncut_length
 from model_registry.backends.base import EncoderBatch, Task
 from model_registry.backends.weights import from_pretrained_checked
 from model_registry.detection.layout import Layout
@@ -88,11 +87,7 @@ class SequenceClassifier(TextEncoder):
 
     def collate(self, items: Sequence[Prepared]) -> SequenceBatch:
         assert self.tokenizer is not None, "This is a bug: collate() called before load()"
-        padded = self.tokenizer.pad([p.data.ids for p in items])
-        types = pad([p.data.type_ids for p in items], 0, left=padded.left).input_ids
-        return SequenceBatch(
-            EncoderBatch(padded.input_ids, padded.attention_mask, types if self.uses_type_ids else None)
-        )
+        return SequenceBatch(padded(self.tokenizer, [p.data for p in items], type_ids=self.uses_type_ids))
 
     def forward(self, batch: SequenceBatch) -> torch.Tensor:
         output = self.run(batch.inputs)

@@ -248,7 +248,7 @@ class StaticAdapter(Adapter):
         assert self.table is not None, "This is a bug: forward() called before load()"
         vectors = _means(self.table, batch, self._out_dtype)
         if self.layout.normalize:
-            vectors = _model2vec_normalized(vectors) if self.model2vec else _normalized(vectors)
+            vectors = _model2vec_normalized(vectors) if self.model2vec else normalized(vectors)
         if self.layout.truncate_dim is not None:  # cut after the Normalize module, as saved: not renormalised
             vectors = vectors[:, : self.layout.truncate_dim]
         return np.ascontiguousarray(vectors, dtype=np.float32)
@@ -359,7 +359,7 @@ def _model2vec_normalized(vectors: np.ndarray) -> np.ndarray:
     return unit.astype(vectors.dtype)
 
 
-def _normalized(vectors: np.ndarray) -> np.ndarray:
+def normalized(vectors: np.ndarray) -> np.ndarray:
     """sentence-transformers' Normalize (torch's `normalize`: the norm at least 1e-12)."""
     unit: np.ndarray = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     return unit

@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from model_registry.errors import ConfigError, InputTooLong, InvalidInput
-from model_registry.types import Token
+from model_registry.types import EmbedItem, Text, Token, TokenIds
 
 _UNBOUNDED = 1_000_000
 #: Families whose position ids start after the padding id, as RoBERTa's do: their table holds
@@ -433,6 +433,31 @@ class TextTokenizer:
 
     def pad(self, sequences: Sequence[Sequence[int]]) -> Padded:
         return pad(sequences, self.pad_id, left=self.left_padding)
+
+
+def text_tokens(tokenizer: TextTokenizer, items: Sequence[EmbedItem], *, include_prompt: bool) -> list[Tokens]:
+    """Tokenize the text and token-id items of one request, prompts prepended; a prompt's tokens
+    are counted out of the pooling unless the model's pooling `include_prompt`s them."""
+    tokens: list[Tokens | None] = [None] * len(items)
+    texts, where = [], []
+    for i, item in enumerate(items):
+        if isinstance(item.content, TokenIds):
+            checked = tokenizer.check_ids(item.content.ids, item.truncate, i, item.max_tokens)
+            tokens[i] = Tokens(tuple(checked))
+        elif isinstance(item.content, Text):
+            texts.append(item.prompt + item.content.text)
+            where.append(i)
+        else:
+            raise InvalidInput(f"input {i}: this model embeds text only", param="input")
+    left = [items[i].truncate_left for i in where]
+    keep = [tokenizer.prompt_length(items[i].prompt) if items[i].prompt else 0 for i in where]
+    caps = [items[i].max_tokens for i in where]
+    encoded = tokenizer.encode(texts, [items[i].truncate for i in where], left=left, keep=keep, caps=caps)
+    for i, ids in zip(where, encoded, strict=True):
+        prompt = items[i].prompt
+        prompt_tokens = tokenizer.prompt_length(prompt) if prompt and not include_prompt else 0
+        tokens[i] = Tokens(tuple(ids), prompt_tokens)
+    return [t for t in tokens if t is not None]
 
 
 #: Characters encoded at once by `TextTokenizer.tokens`: enough texts for the Rust tokenizer's
