@@ -111,6 +111,8 @@ def setup(tmp_path: Path) -> Iterator[tuple[str, str, int, Path]]:
                 "retry_after": RETRY_AFTER,
                 "max_body_bytes": 4096,
                 "max_held_bytes": 3000,
+                # the quick gate holds one waiting request per group, the other as many as it likes
+                "max_waiting": 1 if wait < 60 else 1024,
                 "groups": [
                     {"name": "embed", "url": f"http://127.0.0.1:{replica_port}", "models": ["fake"]},
                     {"name": "cold", "url": f"http://127.0.0.1:{free_port()}", "models": ["cold-model"]},
@@ -174,6 +176,25 @@ def test_a_group_that_never_starts_gets_503_with_retry_after(setup: tuple[str, s
     assert 1.4 < waited < 10
     assert httpx.get(f"{quick}/gate/health").status_code == 200
     assert 'infinity_gate_wait_timeouts_total{group="cold"} 1.0' in httpx.get(f"{quick}/gate/metrics").text
+
+
+def test_a_group_holding_its_most_waiting_requests_refuses_the_next_at_once(
+    setup: tuple[str, str, int, Path],
+) -> None:
+    _, quick, _, _ = setup
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(embed, quick, "cold-model")  # waits its 1.5 s for a replica that never comes
+        deadline = time.monotonic() + 5
+        while httpx.get(f"{quick}/gate/groups/cold").json()["waiting"] < 1:
+            assert time.monotonic() < deadline, "the first request never waited"
+            time.sleep(0.02)
+        started = time.monotonic()
+        second = embed(quick, "cold-model")
+        refused_after = time.monotonic() - started
+        assert first.result().status_code == 503
+    assert (second.status_code, second.headers["Retry-After"]) == (503, str(RETRY_AFTER))
+    assert "1 requests already wait for a replica of group 'cold'" in second.json()["error"]["message"]
+    assert refused_after < 1.0  # refused at once, not after the wait
 
 
 def test_what_the_gate_cannot_route_is_a_4xx(setup: tuple[str, str, int, Path]) -> None:
