@@ -11,6 +11,10 @@ per task. `families.ports` lays out the files (base weights, and the factors in 
 The torch engine selects a batch's task on every adapted layer before its forward pass
 (`Selection`); an ONNX export takes it as the graph's `TASK_INPUT`, a 0-d int64 index into
 `lora_adaptations`, or their count for the base weights alone (an adapter of zeros, `for_export`).
+
+PEFT LoRA adapters are stacked the same way (`install_stacked`): the entry's adapters, one PEFT
+adapter each (`read_peft`), or one PEFT adapter holding several tasks' factors keyed by task
+(`read_task_peft`, jina-embeddings-v4's layout).
 """
 
 from __future__ import annotations
@@ -176,13 +180,47 @@ def for_export(model: Any, directory: Path) -> Selection | None:
 
 
 #: The PEFT settings this server applies as PEFT does; an adapter setting any other is refused.
-_PEFT_PLAIN = {"bias": "none", "fan_in_fan_out": False, "use_dora": False, "modules_to_save": None}
+_PEFT_PLAIN = {"bias": "none", "fan_in_fan_out": False, "use_dora": False, "modules_to_save": None, "lora_bias": False}
 _PEFT_KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$")
+#: A multi-task adapter's key (jina-embeddings-v4's `MultiAdapterLinear`): each task's factors.
+_TASK_KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])\.([^.]+)\.weight$")
+
+Factors = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
-def read_peft(name: str, directory: Path) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float]:
+def read_peft(name: str, directory: Path) -> tuple[Factors, float]:
     """A PEFT LoRA adapter's factors, module name (as PEFT saved it) -> (A, B), and its scale
     (lora_alpha / r, or / sqrt(r) with rsLoRA); refused where it holds what is not a plain LoRA."""
+    stored, scale = _peft_files(name, directory)
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in stored.items():
+        match = _PEFT_KEY.match(key)
+        if match is None:
+            raise ModelUnavailable(f"adapter '{name}': {key} is not a LoRA factor of a linear layer")
+        pairs.setdefault(match.group(1), {})[match.group(2)] = tensor
+    return _paired(name, pairs, directory), scale
+
+
+def read_task_peft(directory: Path, tasks: tuple[str, ...]) -> list[tuple[str, Factors, float]]:
+    """One PEFT adapter holding several tasks' factors (`...lora_A.<task>.weight`), as
+    jina-embeddings-v4 publishes its task adapters: (task, factors, scale) for each of `tasks`,
+    refused where a task has none or a key names a task not listed."""
+    stored, scale = _peft_files("task adapters", directory)
+    pairs: dict[str, dict[str, dict[str, torch.Tensor]]] = {task: {} for task in tasks}
+    for key, tensor in stored.items():
+        match = _TASK_KEY.match(key)
+        if match is None or match.group(3) not in pairs:
+            known = ", ".join(tasks)
+            raise ModelUnavailable(
+                f"task adapters in {directory}: {key} is not a LoRA factor of one of the tasks ({known})"
+            )
+        module, part, task = match.groups()
+        pairs[task].setdefault(module, {})[part] = tensor
+    return [(task, _paired(f"task adapters ({task})", pairs[task], directory), scale) for task in tasks]
+
+
+def _peft_files(name: str, directory: Path) -> tuple[dict[str, torch.Tensor], float]:
+    """A PEFT LoRA adapter's stored tensors and scale, its settings checked."""
     from safetensors.torch import load_file
 
     config_path, weights = directory / "adapter_config.json", directory / "adapter_model.safetensors"
@@ -201,12 +239,10 @@ def read_peft(name: str, directory: Path) -> tuple[dict[str, tuple[torch.Tensor,
             raise ModelUnavailable(f"adapter '{name}': {key} is not served; merge the adapter or drop {key}")
     rank, alpha = int(config.get("r", 8)), float(config.get("lora_alpha", 8))
     scale = alpha / (rank**0.5 if config.get("use_rslora") else rank)
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in load_file(str(weights)).items():
-        match = _PEFT_KEY.match(key)
-        if match is None:
-            raise ModelUnavailable(f"adapter '{name}': {key} is not a LoRA factor of a linear layer")
-        pairs.setdefault(match.group(1), {})[match.group(2)] = tensor
+    return load_file(str(weights)), scale
+
+
+def _paired(name: str, pairs: dict[str, dict[str, torch.Tensor]], weights: Path) -> Factors:
     factors = {}
     for module, pair in pairs.items():
         if set(pair) != {"A", "B"}:
@@ -214,14 +250,18 @@ def read_peft(name: str, directory: Path) -> tuple[dict[str, tuple[torch.Tensor,
         factors[module] = (pair["A"], pair["B"])
     if not factors:
         raise ModelUnavailable(f"adapter '{name}': no LoRA factors in {weights}")
-    return factors, scale
+    return factors
 
 
 def install_peft(model: Any, adapters: list[tuple[str, Path]]) -> Selection:
-    """The adapters' factors on `model`'s linear layers, stacked: adapter i is task i, each scaled
+    """The adapters' factors on `model`'s linear layers, stacked (`install_stacked`)."""
+    return install_stacked(model, [(name, *read_peft(name, path)) for name, path in adapters])
+
+
+def install_stacked(model: Any, read: list[tuple[str, Factors, float]]) -> Selection:
+    """Adapters' factors on `model`'s linear layers, stacked: adapter i is task i, each scaled
     into its B and padded with zeros to the largest rank (a layer an adapter leaves alone gets its
     zeros). A factor that names no linear layer of `model`, or does not fit it, is refused."""
-    read = [(name, *read_peft(name, path)) for name, path in adapters]
     modules = sorted({module for _, factors, _ in read for module in factors})
     selection = Selection()
     for module in modules:
