@@ -132,7 +132,8 @@ def _multivector_list(model: str, results: Results, encoding_format: str) -> Emb
 
 
 async def upload(request: Request, form: FormData) -> Vectors[EmbeddingResponse]:
-    """Fields model, [modality], [encoding_format], [output], [dimensions]; the files are the inputs."""
+    """Fields model, [modality], [encoding_format], [output], [dimensions], [prompt_name], [task] or
+    [adapter]; the files and `input` texts are the inputs."""
     model = field(form, "model", required=True) or ""
     registry = registry_of(request)
     registry.info(model)
@@ -142,10 +143,28 @@ async def upload(request: Request, form: FormData) -> Vectors[EmbeddingResponse]
     encoding = _choice(form, "encoding_format", ("float", "base64"))
     dimensions = number(form, "dimensions")
     contents, origins = await document_pages(registry, model, uploaded)
-    results = await registry.embed_call(EmbedCall(model, contents, outputs=(output,), dimensions=dimensions))
+    call = EmbedCall(
+        model,
+        contents,
+        outputs=(output,),
+        dimensions=dimensions,
+        prompt_name=field(form, "prompt_name"),
+        task=_adapter_field(form),
+    )
+    results = await registry.embed_call(call)
     if output == Output.MULTIVECTOR:
         return Vectors(lambda: paged(_multivector_list(model, results, encoding), origins), numbers_in(results))
     return Vectors(lambda: paged(embedding_list(model, results, encoding), origins), numbers_in(results))
+
+
+def _adapter_field(form: FormData) -> str | None:
+    """`task` or `adapter`, the two names of the model's task adapter (one, or both the same)."""
+    task, adapter = field(form, "task"), field(form, "adapter")
+    if task is not None and adapter is not None and task != adapter:
+        raise HTTPError(
+            422, "'adapter' and 'task' choose the same thing, the model's adapter; send one", code="invalid_body"
+        )
+    return adapter if adapter is not None else task
 
 
 def number(form: FormData, name: str) -> int | None:

@@ -268,6 +268,9 @@ class EmbeddingUpload(TypedDict):
     output: NotRequired[Literal["dense", "multivector"]]
     encoding_format: NotRequired[Literal["float", "base64"]]
     dimensions: NotRequired[int]
+    prompt_name: NotRequired[Annotated[str, Field(description="a prompt of the model's put before the texts")]]
+    task: NotRequired[Annotated[str, Field(description="the task adapter (jina-embeddings-v3, -v4); `adapter` alike")]]
+    adapter: NotRequired[str]
 
 
 class ImageRerankUpload(TypedDict):
