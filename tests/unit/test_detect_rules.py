@@ -54,6 +54,14 @@ QWEN2_VL = {**QWEN3_VL, "model_type": "qwen2_vl", "architectures": ["Qwen2VLForC
 GME_CODE = {"gme_inference.py": "# the GME reference code\n"}
 #: Qwen2.5-VL's, which no family serves.
 QWEN2_5_VL = {**QWEN3_VL, "model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"]}
+#: jina-embeddings-v4's: Qwen2.5-VL naming its own class and code, with its task adapters beside it.
+JINA_V4 = {
+    **QWEN2_5_VL,
+    "architectures": ["JinaEmbeddingsV4Model"],
+    "auto_map": {"AutoModel": "modeling_jina_embeddings_v4.JinaEmbeddingsV4Model"},
+    "task_names": ["retrieval", "text-matching", "code"],
+}
+JINA_V4_ADAPTERS = {"adapters/adapter_config.json": {"peft_type": "LORA"}, "adapters/adapter_model.safetensors": ""}
 
 
 def labels(count: int) -> dict[str, Any]:
@@ -140,6 +148,22 @@ CASES: dict[str, tuple[Case, Case | None]] = {
     "gme": (
         Case({"config.json": QWEN2_VL, **GME_CODE}),
         Case({"config.json": QWEN3_VL}, {"kind": "dense"}),
+    ),
+    "jina-v4-own-code": (
+        Case({"config.json": JINA_V4, **JINA_V4_ADAPTERS}),
+        Case({"config.json": {**QWEN2_5_VL, "auto_map": JINA_V4["auto_map"]}, **JINA_V4_ADAPTERS}),
+    ),
+    "jina-v4-without-adapters": (
+        Case({"config.json": JINA_V4, "adapters/adapter_config.json": {"peft_type": "LORA"}}),
+        Case({"config.json": JINA_V4, **JINA_V4_ADAPTERS}),
+    ),
+    "jina-v4-not-dense": (
+        Case({"config.json": JINA_V4, **JINA_V4_ADAPTERS}, {"kind": "multivector"}),
+        Case({"config.json": JINA_V4, **JINA_V4_ADAPTERS}),
+    ),
+    "jina-v4": (
+        Case({"config.json": JINA_V4, **JINA_V4_ADAPTERS}),
+        Case({"config.json": QWEN2_5_VL, **JINA_V4_ADAPTERS}, {"kind": "dense"}),
     ),
     "vision-language": (
         Case({"config.json": QWEN2_5_VL, **POOLED}, {"kind": "dense"}),
@@ -256,6 +280,8 @@ DECIDES: dict[str, Kind | str | bool] = {
     "qwen3-vl-embedding": "qwen3_vl",
     "gme": "gme",
     "gme-own-code": False,
+    "jina-v4": "jina_v4",
+    "jina-v4-own-code": False,
     "qwen3-vl-reranker": "qwen3_vl_reranker",
     "llm-reranker": "llm_reranker",
 }

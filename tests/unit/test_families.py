@@ -25,12 +25,14 @@ from model_registry.types import Capability, Embedding, Kind
 ORDER = [
     *("open-clip", "static-not-dense", "model2vec", "static-embedding", "sparse-static-not-sparse"),
     *("sparse-static", "peft-adapter-only", "no-config", "qwen2-vl-not-gme", "qwen3-vl-not-embedding"),
-    *("vision-language", "jina-hf-adapters", "gme-own-code", "native-port", "jina-lora-port", "custom-module"),
+    *("vision-language", "jina-hf-adapters", "jina-v4-own-code", "gme-own-code", "native-port", "jina-lora-port"),
+    "custom-module",
     "remote-code-untrusted",
     *("remote-code-offline", "remote-code"),
     *("bge-m3", "colbert-ai", "pylate", "splade", "cross-encoder", "classifier", "llm-reranker-template"),
     *("media", "causal-lm-without-pooling", "seq2seq-without-pooling", "bare-masked-lm", "dense"),
-    *("adapters-elsewhere", "qwen3-vl-reranker-keys", "rerank-keys-elsewhere", "jina-lora-not-dense"),
+    *("adapters-elsewhere", "qwen3-vl-reranker-keys", "rerank-keys-elsewhere", "jina-v4-without-adapters"),
+    *("jina-v4-not-dense", "jina-v4", "jina-lora-not-dense"),
     *("jina-lora", "peft-adapters", "qwen3-vl-reranker", "siglip2-naflex", "qwen3-vl-embedding", "gme"),
     "llm-reranker",
 ]

@@ -76,7 +76,7 @@ def _vision_language_message(facts: Facts) -> str:
         "does not serve: read as a text model it would answer other vectors and scores than the model's. Its "
         "reference code (such as the Qwen3-VL-Embedding and -Reranker repositories') or vLLM's pooling runner "
         "serves it. The image-text families served here are CLIP, SigLIP, SigLIP 2, CLAP, ColPali, ColQwen2, "
-        "Qwen3-VL-Embedding and GME (Qwen2-VL)"
+        "Qwen3-VL-Embedding, GME (Qwen2-VL) and jina-embeddings-v4 (Qwen2.5-VL)"
     )
 
 
@@ -216,7 +216,8 @@ GENERAL: tuple[Rule, ...] = (
         "kind",
         _media,
         "the media kind of its architecture: CLIP, SigLIP, SigLIP 2 `image_text`; CLAP `audio_text`; "
-        "ColPali, ColQwen2, ColModernVBert `page_text`; Qwen3-VL `dense` (Qwen3-VL-Embedding), Qwen2-VL `dense` (GME)",
+        "ColPali, ColQwen2, ColModernVBert `page_text`; Qwen3-VL `dense` (Qwen3-VL-Embedding), Qwen2-VL `dense` (GME), "
+        "JinaEmbeddingsV4Model `dense` (jina-embeddings-v4)",
         kind=_media_kind,
         order=60,
     ),

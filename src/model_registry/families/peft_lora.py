@@ -7,6 +7,7 @@ from pathlib import Path
 
 from model_registry.families.base import Facts, Family, Rule
 from model_registry.families.jina_lora import is_jina_lora
+from model_registry.families.jina_v4 import is_jina_v4
 from model_registry.families.static import is_static
 from model_registry.types import Capability, Kind
 
@@ -19,11 +20,15 @@ def adapter_directory(model: Path, given: str) -> Path:
 
 
 def _elsewhere(facts: Facts) -> bool:
-    return bool(facts.adapters) and (facts.kind != Kind.DENSE or is_jina_lora(facts) or is_static(facts))
+    return bool(facts.adapters) and (
+        facts.kind != Kind.DENSE or is_jina_lora(facts) or is_jina_v4(facts) or is_static(facts)
+    )
 
 
 def _elsewhere_message(facts: Facts) -> str:
     what = "a static embedding model" if is_static(facts) else "jina-embeddings-v3, whose task adapters are its own"
+    if is_jina_v4(facts):
+        what = "jina-embeddings-v4, whose task adapters are its own (chosen per request by `task`)"
     if facts.kind != Kind.DENSE:
         what = f"a {facts.kind_name()} model"
     return (
