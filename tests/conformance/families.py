@@ -31,6 +31,7 @@ from tests.builders.embedders import tiny_xlmr
 from tests.builders.gme import tiny_gme
 from tests.builders.gte import tiny_gte_multilingual
 from tests.builders.jina import tiny_jina_v3
+from tests.builders.jina_v4 import tiny_jina_v4
 from tests.builders.llm_rerankers import (
     tiny_gemma_reranker,
     tiny_mxbai_reranker,
@@ -532,6 +533,17 @@ FAMILIES: tuple[Family, ...] = (
         "image_text",
         ref.gme(PICTURES),
         ("media", "gme-own-code", "gme"),
+    ),
+    Family(
+        "jina-embeddings-v4",
+        ("jinaai/jina-embeddings-v4",),
+        tiny_jina_v4,
+        "dense",
+        "qwen2_5_vl",
+        "image_text",
+        ref.jina_v4(PICTURES),
+        ("media", "jina-v4-own-code", "jina-v4"),
+        architectures=("JinaEmbeddingsV4Model",),
     ),
     Family(
         "SigLIP 2 NaFlex",

@@ -306,3 +306,21 @@ def qwen3_vl_reranker(query: str) -> Reference:
         return [Official(directory).score([{"text": t} for t in texts], query=query)[0]]
 
     return score
+
+
+def jina_v4(pictures: Sequence[bytes]) -> Reference:
+    """The texts (the retrieval task's query prompt, the defaults), then the pictures, as
+    jina-embeddings-v4's `modeling_jina_embeddings_v4.py` builds and pools them (its test's
+    reference: transformers' Qwen2.5-VL classes, the task's LoRA merged by PEFT, the recipe)."""
+
+    def encode(directory: Path, texts: Sequence[str], queries: bool) -> list[Answer]:
+        import tempfile
+
+        from tests.integration.zoo.test_jina_v4 import Reference as Official
+
+        with tempfile.TemporaryDirectory() as scratch:
+            model = Official(directory, Path(scratch))
+        dense = [np.stack([model.text(t).dense for t in texts]), np.stack([model.image(p).dense for p in pictures])]
+        return list(dense)
+
+    return encode
