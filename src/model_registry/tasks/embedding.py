@@ -44,7 +44,8 @@ class EmbedCall:
     has it ("document" falls back to "passage"), as rerank does; `prompt_name` must exist.
     `task` picks the task adapter of a model that has them (`Adapter.tasks`, jina-embeddings-v3),
     which puts its instruction before each text unless a prompt is named; without one, a
-    `prompt_name` or `role` that means a task picks it (`ROLE_TASKS`), else the model's default.
+    `prompt_name` or `role` that means a task picks it (`ROLE_TASKS`), else the model's default;
+    a role that means no task takes the model's prompt of that name, as without tasks.
     `truncation_direction` "left" cuts over-long texts at their start (dense, sparse, BGE-M3).
     `max_tokens` lowers the model's token limit for this request's texts, special tokens and
     prompt included (dense, sparse, BGE-M3): longer ones are cut, or refused without truncation.
@@ -193,6 +194,11 @@ def _task_prompt(
     named = prompt_name is not None and (prompt_name in adapter.prompts or _named_task(adapter, prompt_name) is None)
     if prompt is not None or named or chosen is None:
         return chosen, validation.prompt_text(adapter, prompt_name, prompt)
+    if prompt_name is None and role is not None and _named_task(adapter, role) is None:
+        # A role that means no task may name a prompt (jina-embeddings-v4's "passage").
+        found = adapter.prompts.get(role, adapter.prompts.get("passage") if role == "document" else None)
+        if found is not None:
+            return chosen, found
     return chosen, adapter.task_prompts.get(chosen, "")
 
 

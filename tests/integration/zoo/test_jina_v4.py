@@ -306,3 +306,16 @@ def test_an_adapter_saved_in_the_older_module_layout_loads_the_same() -> None:
     assert published_name("model.language_model.layers.1.mlp.up_proj") == "model.language_model.layers.1.mlp.up_proj"
     assert published_name("visual.blocks.0.mlp.up_proj") == "model.visual.blocks.0.mlp.up_proj"
     assert published_name("multi_vector_projector") == "multi_vector_projector"
+
+
+def test_cohere_s_input_type_is_the_role_and_its_prompt(client: httpx.Client, reference: Reference) -> None:
+    """search_document means a passage; search_query (and no input_type) a query; retrieval runs."""
+    for input_type, prompt_name in (("search_document", "passage"), ("search_query", "query"), (None, "query")):
+        body: dict[str, Any] = {"model": "jina", "texts": TEXTS, "embedding_types": ["float"]}
+        if input_type is not None:
+            body["input_type"] = input_type
+        answer = client.post("/v2/embed", json=body)
+        assert answer.status_code == 200, answer.text
+        got = np.array(answer.json()["embeddings"]["float"], dtype=np.float32)
+        expected = np.stack([reference.text(t, "retrieval", prompt_name).dense for t in TEXTS])
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE)
