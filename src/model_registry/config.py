@@ -92,6 +92,11 @@ class ModelSpec(_Frozen):
     #: LoRA adapters in PEFT's format (name -> directory) that a request names (`adapter`) to run
     #: this dense model with; batches never mix adapters. Torch only.
     adapters: dict[str, str] | None = None
+    #: The base model of a `source` that is a PEFT LoRA adapter directory alone (nomic-embed-multimodal):
+    #: its directory (a relative one inside the adapter's) or hub id (`org/name[@revision]`); unset,
+    #: adapter_config.json's `base_model_name_or_path`, looked up as `source` is. The adapter is
+    #: merged into it at load.
+    base_model: str | None = Field(default=None, min_length=1)
     #: Off unless set: a cache of this model's results, keyed by its files and the inputs.
     cache: CacheSpec | None = None
     #: Models with more than one output (BGE-M3): the default weights of a hybrid rerank's parts.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from tests.builders.llm_rerankers import (
     with_chat_template,
 )
 from tests.builders.media import image_bytes, tiny_clip, tiny_open_clip, tiny_siglip2, tiny_siglip2_naflex
+from tests.builders.nomic_multimodal import tiny_nomic_multimodal
 from tests.builders.peft import tiny_bert_with_adapter
 from tests.builders.qwen3_vl import tiny_qwen3_vl_embedding, tiny_qwen3_vl_reranker
 from tests.builders.routers import tiny_dense_router, tiny_inference_free_gte, tiny_inference_free_sparse
@@ -136,6 +138,15 @@ def _gme_own_code(root: Path) -> Path:
     config["auto_map"] = {"AutoModel": "gme_inference.GmeQwen2VL"}
     (directory / "config.json").write_text(json.dumps(config))
     return directory
+
+
+def _nomic_multimodal(root: Path) -> Path:
+    """nomic-embed-multimodal's adapter directory with its base model laid inside it, which the
+    entry names relatively (`base_model: base`)."""
+    parts = tiny_nomic_multimodal(root.parent / f"{root.name}-parts")
+    shutil.copytree(parts["adapter"], root)
+    shutil.copytree(parts["base"], root / "base")
+    return root
 
 
 def _splade(root: Path) -> Path:
@@ -544,6 +555,17 @@ FAMILIES: tuple[Family, ...] = (
         ref.jina_v4(PICTURES),
         ("media", "jina-v4-own-code", "jina-v4"),
         architectures=("JinaEmbeddingsV4Model",),
+    ),
+    Family(
+        "nomic-embed-multimodal",
+        ("nomic-ai/nomic-embed-multimodal-3b", "nomic-ai/nomic-embed-multimodal-7b"),
+        _nomic_multimodal,
+        "dense",
+        "qwen2_5_vl",
+        "image_text",
+        ref.nomic_multimodal(PICTURES),
+        ("nomic-multimodal-adapter",),
+        entry={"base_model": "base"},
     ),
     Family(
         "SigLIP 2 NaFlex",

@@ -297,6 +297,19 @@ def gme(pictures: Sequence[bytes]) -> Reference:
     return encode
 
 
+def nomic_multimodal(pictures: Sequence[bytes]) -> Reference:
+    """The texts as queries, then the pictures, as colpali-engine's BiQwen2.5 makes them from the
+    adapter merged into its base (`base` inside the adapter's directory; its test's reference)."""
+
+    def encode(directory: Path, texts: Sequence[str], queries: bool) -> list[Answer]:
+        from tests.integration.zoo.test_nomic_multimodal import Reference as Official
+
+        model = Official(directory, directory / "base")
+        return [model.queries(list(texts))[0], model.images(list(pictures))[0]]
+
+    return encode
+
+
 def qwen3_vl_reranker(query: str) -> Reference:
     """p(yes) of each (query, text) pair as Qwen3-VL-Reranker's official scorer gives it."""
 

@@ -62,6 +62,14 @@ JINA_V4 = {
     "task_names": ["retrieval", "text-matching", "code"],
 }
 JINA_V4_ADAPTERS = {"adapters/adapter_config.json": {"peft_type": "LORA"}, "adapters/adapter_model.safetensors": ""}
+#: nomic-embed-multimodal as published: a PEFT adapter of Qwen2.5-VL alone, with BiQwen2.5's processor files.
+QWEN2_5_VL_ADAPTER = {"peft_type": "LORA", "base_model_name_or_path": "Qwen/Qwen2.5-VL-3B-Instruct"}
+NOMIC = {
+    "adapter_config.json": QWEN2_5_VL_ADAPTER,
+    "preprocessor_config.json": {"processor_class": "BiQwen2_5_Processor"},
+}
+#: colnomic-embed-multimodal's: the same, with ColQwen2.5's processor.
+COLNOMIC = {**NOMIC, "preprocessor_config.json": {"processor_class": "ColQwen2_5_Processor"}}
 
 
 def labels(count: int) -> dict[str, Any]:
@@ -107,6 +115,12 @@ CASES: dict[str, tuple[Case, Case | None]] = {
     "sparse-static": (
         Case({"modules.json": [{**STATIC, "type": SPARSE_STATIC}]}),
         Case({"modules.json": [STATIC]}),
+    ),
+    "bi-qwen2.5-not-dense": (Case(NOMIC, {"kind": "reranker"}), Case(NOMIC, {"kind": "dense"})),
+    "nomic-multimodal-adapter": (Case(NOMIC), Case(COLNOMIC, {"kind": "dense"})),
+    "base-model-unused": (
+        Case({"config.json": BERT}, {"base_model": "/models/base"}),
+        Case(NOMIC, {"base_model": "/models/base"}),
     ),
     "peft-adapter-only": (
         Case({"adapter_config.json": {"peft_type": "LORA", "base_model_name_or_path": "vidore/colqwen2.5-base"}}),
@@ -262,6 +276,7 @@ DECIDES: dict[str, Kind | str | bool] = {
     "model2vec": "static",
     "static-embedding": "static",
     "sparse-static": "sparse_static",
+    "nomic-multimodal-adapter": "nomic_multimodal",
     "native-port": False,
     "jina-lora-port": False,
     "remote-code": True,

@@ -24,9 +24,9 @@ from model_registry.types import Capability, Embedding, Kind
 #: The order the rules are tried in, written down: a family's declaration must not move another's.
 ORDER = [
     *("open-clip", "static-not-dense", "model2vec", "static-embedding", "sparse-static-not-sparse"),
-    *("sparse-static", "peft-adapter-only", "no-config", "qwen2-vl-not-gme", "qwen3-vl-not-embedding"),
-    *("vision-language", "jina-hf-adapters", "jina-v4-own-code", "gme-own-code", "native-port", "jina-lora-port"),
-    "custom-module",
+    *("sparse-static", "bi-qwen2.5-not-dense", "nomic-multimodal-adapter", "base-model-unused"),
+    *("peft-adapter-only", "no-config", "qwen2-vl-not-gme", "qwen3-vl-not-embedding", "vision-language"),
+    *("jina-hf-adapters", "jina-v4-own-code", "gme-own-code", "native-port", "jina-lora-port", "custom-module"),
     "remote-code-untrusted",
     *("remote-code-offline", "remote-code"),
     *("bge-m3", "colbert-ai", "pylate", "splade", "cross-encoder", "classifier", "llm-reranker-template"),

@@ -54,6 +54,7 @@ def check_engines(specs: Iterable[ModelSpec]) -> None:
             raise ConfigError(f"model '{spec.name}': {refused}")
         if light:
             _check_without_torch(spec)
+        _check_base_model(spec)
         if spec.quantize != "fp8" and (spec.backend == "torch" or (spec.backend == "auto" and spec.quantize == "none")):
             continue
         try:
@@ -89,6 +90,28 @@ def _static(spec: ModelSpec) -> bool:
     except (RegistryError, OSError, ValueError):  # unreadable files are the load's to report
         return False
     return claimed is not None and claimed.family in families.engineless()
+
+
+def _check_base_model(spec: ModelSpec) -> None:
+    """A PEFT adapter directory on this machine that a family serves with its base model (the
+    layout stage claims it), whose base is neither here nor to be downloaded, is a `ConfigError`
+    naming the model, the base and the `base_model` setting."""
+    from model_registry.detection import peft_base, rules
+    from model_registry.detection.layout import read_facts
+
+    try:
+        root = _here(spec)
+        claimed = None if root is None else rules.first(read_facts(root, spec), "layout")
+    except (RegistryError, OSError, ValueError):  # unreadable or refused files are the load's to report
+        return
+    if root is None or claimed is None or claimed.family is None or not (root / "adapter_config.json").is_file():
+        return
+    if peft_base.needs_download(root, spec):  # the load downloads it, as it does a hub `source`
+        return
+    try:
+        peft_base.base_directory(root, spec, download=False)
+    except RegistryError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check_without_torch(spec: ModelSpec) -> None:

@@ -57,12 +57,31 @@ def model_identity(spec: ModelSpec, adapter: Adapter) -> str:
     del settings["source"], settings["revision"]  # the files say what the model is, wherever they are
     adapters = settings.pop("adapters") or {}
     settings["adapters"] = sorted(adapters)  # each adapter by its name and its files
+    base = _base_of(spec, directory)
+    if base is not None:  # a PEFT adapter alone: its base model's files, wherever they are
+        del settings["base_model"]
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     _digest_files(digest, directory)
+    if base is not None:
+        digest.update(b"base model:")
+        _digest_files(digest, base)
     for name in sorted(adapters):
         digest.update(f"adapter {len(name)}:{name}:".encode())
         _digest_files(digest, adapter_directory(directory, adapters[name]))
     return digest.hexdigest()
+
+
+def _base_of(spec: ModelSpec, directory: Path) -> Path | None:
+    """The base model's directory of a PEFT adapter directory alone (None: the model is whole, or
+    its base is not here yet, which its `base_model` setting then stands for)."""
+    from model_registry.detection.peft_base import base_directory
+
+    if not (directory / "adapter_config.json").is_file() or (directory / "config.json").is_file():
+        return None
+    try:
+        return base_directory(directory, spec, download=False)
+    except ModelUnavailable:
+        return None
 
 
 def _digest_files(digest: Any, directory: Path) -> None:

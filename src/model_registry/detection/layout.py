@@ -387,6 +387,7 @@ def _facts(root: Path, transformer_dir: Path, modules: Any, spec: ModelSpec) -> 
         rerank_keys=tuple(sorted(k for k, v in spec.rerank_overrides().items() if v is not None)),
         kind=None if spec.kind == "auto" else Kind(spec.kind),
         adapters=tuple(spec.adapters or ()),
+        base_model=spec.base_model,
     )
 
 

@@ -34,6 +34,8 @@ class Facts:
     kind: Kind | None = None
     #: The names of the PEFT adapters the entry lists.
     adapters: tuple[str, ...] = ()
+    #: The entry's `base_model`: the base of a PEFT adapter directory.
+    base_model: str | None = None
 
     @property
     def model_type(self) -> str:

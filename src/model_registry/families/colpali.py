@@ -16,8 +16,11 @@ def _peft_only(facts: Facts) -> bool:
 def _peft_message(facts: Facts) -> str:
     return (
         f"{facts.root} holds a PEFT adapter (adapter_config.json) without its base model, as colpali-engine "
-        "publishes ColQwen2 and ColQwen2.5: serve the merged checkpoint in transformers' layout "
-        "(ColQwen2ForRetrieval, the '-hf' repositories), which this server reads as it is"
+        "publishes ColQwen2 and ColQwen2.5 (colnomic-embed-multimodal too): these are not served from their "
+        "adapter; serve the merged checkpoint in transformers' layout (ColQwen2ForRetrieval, the '-hf' "
+        "repositories), which this server reads as it is. Only BiQwen2.5 adapters (nomic-embed-multimodal: "
+        "processor_class BiQwen2_5_Processor, or `kind: dense` on an adapter of Qwen2.5-VL) are merged into "
+        "their base model at load, which the entry's `base_model` names"
     )
 
 
@@ -36,7 +39,8 @@ FAMILY = Family(
             "peft-adapter-only",
             "layout",
             _peft_only,
-            "refused: a PEFT adapter without its base model (colpali-engine's ColQwen layout)",
+            "refused: a PEFT adapter without its base model (colpali-engine's ColQwen layout); "
+            "nomic-embed-multimodal's BiQwen2.5 adapter is claimed before, and served with `base_model`",
             order=70,
             refusal=_peft_message,
         ),

@@ -18,7 +18,8 @@ from pathlib import Path
 from model_registry.errors import ConfigError, ModelUnavailable
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-_MODEL_MARKERS = ("config.json", "modules.json", "open_clip_config.json")
+#: Files that make a directory a model's; a PEFT adapter published alone has adapter_config.json.
+_MODEL_MARKERS = ("config.json", "modules.json", "open_clip_config.json", "adapter_config.json")
 
 
 def resolve_source(source: str, *, revision: str | None = None) -> Path:
@@ -86,7 +87,8 @@ def find_in_cache(repo: str, revision: str | None = None, cache: Path | None = N
     return None
 
 
-def _offline() -> bool:
+def offline() -> bool:
+    """Whether HF_HUB_OFFLINE keeps the hub from being reached."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
@@ -94,7 +96,7 @@ def _hub_dir(repo: str, revision: str | None) -> Path:
     cached = find_in_cache(repo, revision)
     if cached is not None:
         return cached
-    if _offline():
+    if offline():
         raise ModelUnavailable(
             f"the hub model '{repo}' is not in the local cache ({hub_cache_dir()}) and HF_HUB_OFFLINE is set"
         )

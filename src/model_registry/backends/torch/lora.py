@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +302,39 @@ def _linear(model: Any, module: str, named_by: list[str]) -> tuple[Any, str, tor
         f"adapter '{named_by[0]}' adapts {module}, which is not a linear layer of this model: an adapter of "
         "another base model, or of a layer other than a linear one"
     )
+
+
+def merge_peft(model: Any, name: str, directory: Path, rename: Callable[[str], str]) -> int:
+    """The PEFT LoRA adapter in `directory` merged into `model`'s linear weights, as PEFT's
+    `merge_and_unload` merges it (W + s * B @ A, computed in float32); `rename` maps a module name
+    as the adapter saved it to `model`'s. Returns the layers merged; a factor that names no linear
+    layer of `model`, or does not fit it, is refused before any weight changes."""
+    factors, scale = read_peft(name, directory)
+    found = []
+    for module, (low, high) in factors.items():
+        target = model.get_submodule(rename(module)) if _has(model, rename(module)) else None
+        if not isinstance(target, torch.nn.Linear):
+            raise ModelUnavailable(
+                f"{name}: the adapter in {directory} adapts {module}, which is not a linear layer of the base model: "
+                "an adapter of another base model"
+            )
+        weight = target.weight
+        if low.shape[1] != weight.shape[1] or high.shape != (weight.shape[0], low.shape[0]):
+            raise ModelUnavailable(
+                f"{name}: the adapter's factors of {module}, {tuple(low.shape)} and {tuple(high.shape)}, do not fit "
+                f"its weight {tuple(weight.shape)}: an adapter of another base model (a 7B adapter on a 3B base?)"
+            )
+        found.append((weight, low, high))
+    with torch.no_grad():
+        for weight, low, high in found:
+            delta = scale * (high.to(weight.device, torch.float32) @ low.to(weight.device, torch.float32))
+            weight.add_(delta.to(weight.dtype))
+    return len(found)
+
+
+def _has(model: Any, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
