@@ -106,7 +106,7 @@ class Media:
 @dataclass(frozen=True, slots=True)
 class Mixed:
     """A text and an image read together as one input, by a model that takes both in one
-    sequence (`Adapter.mixed_inputs`: Qwen3-VL-Embedding); one vector for the pair."""
+    sequence (`Adapter.mixed_inputs`: Qwen3-VL-Embedding, GME); one vector for the pair."""
 
     text: str
     image: Media

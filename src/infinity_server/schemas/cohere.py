@@ -162,8 +162,8 @@ class ImagePart(Body):
 
 class EmbedInput(Body):
     """One v2 input: its text parts joined into one text (one per line), at most one image, or
-    both, which a model that reads a text and an image together (Qwen3-VL-Embedding) embeds as
-    one input; other models refuse that input with what they take."""
+    both, which a model that reads a text and an image together (Qwen3-VL-Embedding, GME) embeds
+    as one input; other models refuse that input with what they take."""
 
     content: Annotated[
         list[Annotated[TextPart | ImagePart, Field(discriminator="type")]],

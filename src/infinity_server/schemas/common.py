@@ -184,7 +184,7 @@ def media_strings(value: Any, param: str = "input") -> list[str]:
 
 class InputParts(Body):
     """One embedding input given as an object: a text, an image (a URL or data URI), or both, which
-    a model that reads them together (Qwen3-VL-Embedding) embeds as one input, one vector."""
+    a model that reads them together (Qwen3-VL-Embedding, GME) embeds as one input, one vector."""
 
     text: StrictStr | None = None
     image: StrictStr | None = None

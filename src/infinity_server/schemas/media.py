@@ -36,7 +36,7 @@ class MediaEmbeddingRequest(Body):
 class MediaRerankRequest(Body):
     """`POST /v1/rerank/images` (and `/v1/rerank/audio`): media documents ranked against a text query.
     A document is a URL or data URI, or an object `{"image", "text"}`: an image with a text beside
-    it, one document for a model that reads both (Qwen3-VL-Reranker, Qwen3-VL-Embedding)."""
+    it, one document for a model that reads both (Qwen3-VL-Reranker, Qwen3-VL-Embedding, GME)."""
 
     model: Name
     query: NonEmpty

@@ -1,21 +1,26 @@
-"""GME through transformers' Qwen2-VL (`Qwen2VLModel`): texts and images to one dense vector.
+"""GME through transformers' Qwen2-VL (`Qwen2VLModel`): texts, images, and a text and an image
+together (`Mixed`, the reference's fused input), each to one dense vector.
 
 Each input becomes one prompt, as the model's reference code (`GmeQwen2VL` in `gme_inference.py`)
 writes it, without the chat template: a system turn holding the instruction (the request's prompt,
-else "You are a helpful assistant."), a user turn holding the image's vision tokens or the text,
-and the assistant's turn opened and closed by `<|endoftext|>`, whose hidden state is the vector,
-L2-normalised. An image is converted to RGB (alpha dropped, as the reference's `convert("RGB")`
-drops it), resized, aspect kept, to sides that are multiples of 28 px (14 px patches merged 2 x 2)
-holding 4 to 16,384 visual tokens' worth, then resized again by the Qwen2-VL processor to hold
-`min_image_tokens` to `max_image_tokens` (the reference's 256 and 1,280; the entry's `options` may
-set others). The language model reads its positions as one sequence (0, 1, 2, ...), images
-included, as the reference's direct call of the decoder does: no multimodal rotary positions.
+else "You are a helpful assistant."), a user turn holding the image's vision tokens, the text, or
+both (the image's tokens first, then the text, as its `get_fused_embeddings` writes them), and the
+assistant's turn opened and closed by `<|endoftext|>`, whose hidden state is the vector,
+L2-normalised. An image, alone or with a text, is converted to RGB (alpha dropped, as the
+reference's `convert("RGB")` drops it), resized, aspect kept, to sides that are multiples of 28 px
+(14 px patches merged 2 x 2) holding 4 to 16,384 visual tokens' worth, then resized again by the
+Qwen2-VL processor to hold `min_image_tokens` to `max_image_tokens` (the reference's 256 and
+1,280; the entry's `options` may set others). The language model reads its positions as one
+sequence (0, 1, 2, ...), images included, as the reference's direct call of the decoder does: no
+multimodal rotary positions.
 
 An input costs its sequence length, visual tokens included, which `prepare` knows before any
-forward pass; it counts so in admission, batching and the answer's usage. Texts and images share
-batches, padded on the right as the reference pads them. A text longer than `max_length` (the
-reference's 1,800 tokens unless the entry sets fewer) is cut at its end, the closing tokens
-included, as the reference's processor cuts it; an image input that long is refused.
+forward pass; it counts so in admission, batching and the answer's usage. Texts, images and fused
+inputs share batches, padded on the right as the reference pads them. A text longer than
+`max_length` (the reference's 1,800 tokens unless the entry sets fewer) is cut at its end, the
+closing tokens included, as the reference's processor cuts it, and so is a fused input where the
+cut keeps all of its visual tokens; an image input that long, or a fused one whose image would be
+cut, is refused.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from model_registry.types import (
     EmbedItem,
     Item,
     Kind,
+    Media,
     MediaLimits,
+    Mixed,
     Modality,
     Output,
     Prepared,
@@ -75,6 +82,7 @@ class GmeAdapter(Adapter):
     kind = Kind.DENSE
     capabilities = frozenset({Capability.EMBED_TEXT, Capability.EMBED_IMAGE})
     backend = "torch"
+    mixed_inputs = True
 
     def __init__(self, layout: Layout, trust_remote_code: bool = False) -> None:
         self.layout = layout
@@ -155,21 +163,38 @@ class GmeAdapter(Adapter):
             assert isinstance(item, EmbedItem), "This is a bug: media_of lets only EmbedItem through"
             if item.outputs != {Output.DENSE}:
                 raise UnsupportedOperation("this model produces dense vectors only", param="outputs")
-            instruction = item.prompt if item.prompt.strip() else DEFAULT_INSTRUCTION
-            if media is not None:
-                image = decode_image(media.data, index, self.limits, self.resize)
-                with processing(index, "image"):
-                    image = image.resize(self.first_size(*image.size))
-                    data = self._encode(prompt(instruction, "", image=True), image)
-                self._check_length(index, data, cut=False)
-            else:
-                if not isinstance(item.content, Text):
-                    raise InvalidInput(f"input {index}: this model takes text, not token ids", param="input")
-                data = self._encode(prompt(instruction, item.content.text, image=False), None)
-                self._check_length(index, data, cut=item.truncate)
+            data = self._sequence(index, item, media)
             length = len(data["input_ids"])
             prepared.append(Prepared(index, length, length, data))
         return prepared
+
+    def _sequence(self, index: int, item: EmbedItem, media: Media | None) -> dict[str, np.ndarray]:
+        """One input's encoded prompt: a text, an image, or both (the image's tokens first), under
+        the request's instruction."""
+        instruction = item.prompt if item.prompt.strip() else DEFAULT_INSTRUCTION
+        content = item.content
+        if isinstance(content, Mixed):
+            image = self._image(index, content.image)
+            with processing(index, "image"):
+                data = self._encode(prompt(instruction, content.text, image=True), image)
+            self._check_length(index, data, cut=item.truncate, what="the text and the image's")
+        elif media is not None:
+            image = self._image(index, media)
+            with processing(index, "image"):
+                data = self._encode(prompt(instruction, "", image=True), image)
+            self._check_length(index, data, cut=False, what="the image's")
+        else:
+            if not isinstance(content, Text):
+                raise InvalidInput(f"input {index}: this model takes text, not token ids", param="input")
+            data = self._encode(prompt(instruction, content.text, image=False), None)
+            self._check_length(index, data, cut=item.truncate, what="the text's")
+        return data
+
+    def _image(self, index: int, media: Media) -> Any:
+        """The image decoded to RGB and given the reference's own resize (the processor's follows)."""
+        image = decode_image(media.data, index, self.limits, self.resize)
+        with processing(index, "image"):
+            return image.resize(self.first_size(*image.size))
 
     def first_size(self, width: int, height: int) -> tuple[int, int]:
         """The reference's own resize of a `width` x `height` image, before the processor's."""
@@ -192,12 +217,16 @@ class GmeAdapter(Adapter):
             data["image_grid_thw"] = np.asarray(encoded["image_grid_thw"][0])
         return data
 
-    def _check_length(self, index: int, data: dict[str, np.ndarray], *, cut: bool) -> None:
+    def _check_length(self, index: int, data: dict[str, np.ndarray], *, cut: bool, what: str) -> None:
+        """Cut an over-long input at its end as the reference's processor cuts it, where the cut
+        keeps every visual token (a fused input's text loses its end); refuse it otherwise."""
         length, limit = len(data["input_ids"]), self.max_length or MAX_LENGTH
         if length <= limit:
             return
+        if cut and "pixel_values" in data:
+            visual = np.flatnonzero(data["input_ids"] == self.image_token_id)
+            cut = visual.size > 0 and int(visual[-1]) < limit
         if not cut:
-            what = "the image's" if "pixel_values" in data else "the text's"
             raise InvalidInput(
                 f"input {index}: {what} {length} tokens (the instruction and prompt included) are more than the "
                 f"model's {limit}",

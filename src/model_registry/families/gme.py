@@ -56,7 +56,10 @@ FAMILY = Family(
     kind=Kind.DENSE,
     adapter="model_registry.adapters.gme:GmeAdapter",
     capabilities=frozenset({Capability.EMBED_TEXT, Capability.EMBED_IMAGE}),
-    summary="GME (gme-Qwen2-VL): texts and images (256-1,280 visual tokens) in one space, its instruction as system",
+    summary=(
+        "GME (gme-Qwen2-VL): texts, images (256-1,280 visual tokens) and both fused in one space, "
+        "its instruction as system"
+    ),
     reference="the model's `gme_inference.py` (`GmeQwen2VL`: transformers' Qwen2-VL, last token)",
     model_types=frozenset({MODEL_TYPE}),
     rules=(

@@ -113,7 +113,7 @@ def require_mixed(model: str, adapter: Adapter, contents: Sequence[Content]) -> 
     raise UnsupportedOperation(
         f"input {index} holds a text and an image together; the model '{model}' takes {takes} per input, "
         "so send them as separate inputs (a text and an image in one input are read together by "
-        "Qwen3-VL-Embedding)",
+        "Qwen3-VL-Embedding and GME)",
         param="input",
     )
 
