@@ -64,9 +64,12 @@ WARM_PROBES = 2
 def idle(server: Served, local: InProcess, probes: list[str], rounds: int = 5) -> dict[str, float]:
     """The server and the engine in-process in alternating blocks of single sentences: over HTTP,
     each followed by `IDLE_GAP`, a `/health` round trip (the HTTP floor) and `IDLE_GAP` again;
-    then in-process, each followed by the same pause, so that the engine sleeps as long between
-    its probes as the server's did. p50s in ms over every block, and the server's stage times
-    from its timing headers.
+    then in-process, each followed by a pause as long as the server's engine was idle before the
+    next probe (from one probe's start to the next, less the probe's inference time), so that the
+    engine sleeps as long between its forward passes on both sides: on a 2-core VM a torch pass
+    after 40 ms idle took 8 ms and one after 45-50 ms took 18, so a few milliseconds more idle on
+    one side decided its figure. p50s in ms over every block, and the server's stage times from
+    its timing headers.
 
     Blocks, not strict turns, and a pause between them: an OpenMP engine's threads spin for
     10-20 ms after each forward pass (measured here), so a probe 20 ms after the other process's
@@ -85,11 +88,12 @@ def idle(server: Served, local: InProcess, probes: list[str], rounds: int = 5) -
             pauses = []
             time.sleep(BLOCK_PAUSE)
             for i, text in enumerate(block):
+                started = time.perf_counter()
                 seconds, headers = server.idle(text, connection)
                 time.sleep(IDLE_GAP)
                 health = server.health(connection)
                 time.sleep(IDLE_GAP)
-                pauses.append(2 * IDLE_GAP + health)
+                pauses.append(max(0.0, time.perf_counter() - started - headers["inference"] / 1e3))
                 if i >= WARM_PROBES:
                     served.append(seconds)
                     floor.append(health)
