@@ -6,6 +6,7 @@ work on its forward thread alone."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from pathlib import Path
@@ -267,6 +268,30 @@ def test_torch_confined_on_one_thread_leaves_every_other_thread_its_count() -> N
     done.set()
     thread.join()
     assert seen == {"before": pool, "confined": 1, "sum": 64 * 4096, "fresh": pool, "main": main, "restored": pool}
+
+
+def test_the_cpu_torch_thread_binds_its_pool_one_thread_to_a_core() -> None:
+    """Left free, a pool thread woken after an idle spell was put on its master's core."""
+    import torch
+
+    from model_registry.backends import devices
+
+    pool = openmp_pool_of_two_or_more()
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) != pool:
+        pytest.skip("torch's threads are not one per core of this process: the pool is left free")
+    thread = devices.TorchThread()  # its own, not the process's: the first call binds
+
+    def where() -> tuple[int, float]:
+        return threading.get_native_id(), float(torch.ones(pool * 64, 4096).sum())
+
+    me, total = thread.call(where)
+    assert total == pool * 64 * 4096
+    assert len(thread.pool) == pool - 1
+    assert os.sched_getaffinity(me) == {cpus[0]}
+    assert sorted(next(iter(os.sched_getaffinity(t))) for t in thread.pool) == cpus[1:pool]
+    assert all(len(os.sched_getaffinity(t)) == 1 for t in thread.pool)
+    assert sorted(os.sched_getaffinity(0)) == cpus, "the calling thread must stay free"
 
 
 @pytest.mark.parametrize(
