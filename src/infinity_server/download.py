@@ -3,7 +3,8 @@
 Used to bake weights into an image or to fill a volume (an init container) ahead of time, so
 that pods never need the hub when they start. Hub models are fetched into the Hugging Face cache
 (`HF_HUB_CACHE`, `HF_HOME`, or `~/.cache/huggingface/hub`; the same place the server looks);
-local directories and `package:` sources are only checked, since there is nothing to fetch.
+local directories and `package:` sources are only checked, since there is nothing to fetch. A
+PEFT adapter published without its base model (nomic-embed-multimodal) has its base fetched too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_registry import find_in_cache, resolve_source
+from model_registry import fetch_base, find_in_cache, resolve_source
 from model_registry.config import ModelSpec
 from model_registry.errors import ConfigError, ModelUnavailable
 
@@ -35,6 +36,7 @@ class Fetched:
     outcome: Outcome
     path: Path | None = None
     error: str | None = None
+    base: Path | None = None  # an adapter's base model, fetched with it
 
 
 def _hub_reference(spec: ModelSpec) -> tuple[str, str | None] | None:
@@ -53,13 +55,14 @@ def fetch(spec: ModelSpec) -> Fetched:
         # resolve_source checks packages and directories, and downloads a hub id that is not cached
         # (or fails clearly when HF_HUB_OFFLINE forbids it).
         path = resolve_source(spec.source, revision=spec.revision)
+        base = fetch_base(path, spec)
     except (ModelUnavailable, ConfigError) as error:
         return Fetched(spec.name, spec.source, Outcome.FAILED, error=str(error))
     if hub is None:
         outcome = Outcome.PACKAGE if spec.source.startswith("package:") else Outcome.LOCAL
     else:
         outcome = Outcome.CACHED if cached is not None else Outcome.DOWNLOADED
-    return Fetched(spec.name, spec.source, outcome, path=path)
+    return Fetched(spec.name, spec.source, outcome, path=path, base=base)
 
 
 def download_all(specs: Iterable[ModelSpec], report: Callable[[Fetched], None] = lambda _: None) -> list[Fetched]:
@@ -76,4 +79,5 @@ def describe(result: Fetched) -> str:
     """One line per model for the command's output."""
     if result.outcome is Outcome.FAILED:
         return f"{result.name}\t{result.source}\tFAILED: {result.error}"
-    return f"{result.name}\t{result.source}\t{result.outcome.value}\t{result.path}"
+    line = f"{result.name}\t{result.source}\t{result.outcome.value}\t{result.path}"
+    return line if result.base is None else f"{line}\tbase model {result.base}"

@@ -13,6 +13,7 @@ from model_registry.cache.results import Lookup as CacheLookup
 from model_registry.cache.results import outcome as cache_outcome
 from model_registry.cache.results import recording as record_cache_lookups
 from model_registry.config import ModelSpec, RegistryConfig, load_config, registry_config
+from model_registry.detection.peft_base import fetch_base
 from model_registry.errors import (
     BatchFailed,
     Cancelled,
@@ -113,6 +114,7 @@ __all__ = [
     "catalogue_listing",
     "catalogue_match",
     "check_span_count",
+    "fetch_base",
     "find_in_cache",
     "is_pdf",
     "load_config",

@@ -52,6 +52,18 @@ def base_directory(root: Path, spec: ModelSpec, *, download: bool = True) -> Pat
     raise ModelUnavailable(_missing(spec, root, given, said))
 
 
+def fetch_base(root: Path, spec: ModelSpec) -> Path | None:
+    """The base model of the nomic-embed-multimodal adapter in `root`, found or downloaded as a load
+    would (`infinity-server download` fetches it with the adapter); None where `root` holds no
+    such adapter. `ModelUnavailable` where the base cannot be had."""
+    from model_registry.detection.layout import read_facts
+    from model_registry.families.nomic_multimodal import is_nomic_multimodal
+
+    if not is_nomic_multimodal(read_facts(root, spec)):
+        return None
+    return base_directory(root, spec)
+
+
 def needs_download(root: Path, spec: ModelSpec) -> bool:
     """Whether the base model is a hub id not cached yet that a load would download."""
     settings = read_json(root / "adapter_config.json")

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 
+from infinity_server import cli
 from model_registry.errors import ConfigError
 from model_registry.registry import Registry
 from tests.builders.hub import lay_out_cache
@@ -273,6 +274,28 @@ def test_a_missing_base_model_stops_the_start(
     absent = {"name": "nomic", "source": str(files["adapter"]), "base_model": str(tmp_path / "nowhere")}
     with pytest.raises(ConfigError, match="nowhere"):
         Registry.from_config({"models": [absent]})
+
+
+def test_download_readies_the_base_model_with_the_adapter(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`infinity-server download` readies what a start needs: an adapter's base model too, so that
+    a pod started offline from its output does not stop for want of it."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = tmp_path / "models.yaml"
+    config.write_text(f"models:\n  - {{name: nomic, source: '{files['adapter']}'}}\n")
+    assert cli.main(["download", "--config", str(config)]) == 1
+    failed = capsys.readouterr().out
+    assert "FAILED" in failed
+    assert BASE_NAME in failed
+    assert "`base_model:`" in failed
+    snapshot = lay_out_cache(tmp_path / "hub", BASE_NAME, "0123abcd")
+    shutil.copytree(files["base"], snapshot, dirs_exist_ok=True)
+    assert cli.main(["download", "--config", str(config)]) == 0
+    fields = capsys.readouterr().out.strip().split("\t")
+    assert fields[:3] == ["nomic", str(files["adapter"]), "local directory, nothing to fetch"]
+    assert fields[-1] == f"base model {snapshot}"
 
 
 def test_colqwen_adapters_stay_refused_naming_the_setting(serve: Any, tmp_path: Path) -> None:
